@@ -1,0 +1,38 @@
+# lmc: `make help` lists the targets.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-fast lint format clean
+
+help:  ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(BIN)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed  ## Create .venv and install lmc with its pinned dependencies
+
+demo: install  ## The main job on the embedded default (offline, CPU)
+	$(BIN)/lmc demo
+
+test: install  ## Run every test (slow ones in their tiny form)
+	$(BIN)/python -m pytest
+
+test-fast: install  ## Run the tests not marked slow
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: install  ## ruff check and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install  ## Format the code with ruff
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:  ## Remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache

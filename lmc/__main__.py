@@ -1,0 +1,3 @@
+from lmc.cli import main
+
+main()

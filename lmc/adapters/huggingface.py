@@ -1,0 +1,212 @@
+"""Adapters for HF transformers: GPT-2, BERT, RoFormer and Llama (transformers 5.x layouts).
+
+- GPT-2 stores ``Conv1D`` weights ``in x out`` and fuses Q, K, V in ``c_attn`` (columns
+  ``[Q | K | V]``, head-major); the LM head is tied to ``wte``.
+- BERT and RoFormer are post-norm encoders with separate ``query/key/value`` Linears;
+  RoFormer rotates interleaved pairs with angles from its sinusoidal table.
+- Llama rotates ``rotate_half`` pairs after any bias, before repeating KV heads (GQA).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmc.adapters.base import ModelAdapter, UnsupportedModelError, register_adapter
+from lmc.adapters.layout import ParameterIndex, linear_attention, linear_feed_forward, rotary_from_cos_sin
+from lmc.symmetry.spec import (
+    AttentionSpec,
+    AxisPermutation,
+    BlockSpec,
+    FeedForwardSpec,
+    HeadSlot,
+    SymmetrySpec,
+    rotary_pairs,
+)
+
+
+def _token_inputs(config, batch_size: int, generator: torch.Generator, max_length: int) -> torch.Tensor:
+    length = min(max_length, 16)
+    return torch.randint(config.vocab_size, (batch_size, length), generator=generator)
+
+
+@register_adapter("transformers:GPT2LMHeadModel")
+class GPT2Adapter(ModelAdapter):
+    def spec(self, model: nn.Module) -> SymmetrySpec:
+        c = model.config
+        if c.add_cross_attention:
+            raise UnsupportedModelError("GPT-2 with cross-attention is not supported (set add_cross_attention=False)")
+        index = ParameterIndex(model)
+        d, h = c.n_embd, c.n_head
+        hidden = c.n_inner or 4 * d
+        residual = index.axes(("transformer.wte.weight", 1), ("transformer.wpe.weight", 1), ("lm_head.weight", 1))
+        blocks = []
+        for i in range(c.n_layer):
+            p = f"transformer.h.{i}"
+            attention = AttentionSpec(
+                name=f"{p}.attn",
+                width=d,
+                num_heads=h,
+                num_kv_heads=h,
+                head_dim=d // h,
+                pe="absolute",
+                query=HeadSlot(f"{p}.attn.c_attn.weight", 1, 0),
+                key=HeadSlot(f"{p}.attn.c_attn.weight", 1, d),
+                value=HeadSlot(f"{p}.attn.c_attn.weight", 1, 2 * d),
+                out=HeadSlot(f"{p}.attn.c_proj.weight", 0),
+                query_bias=HeadSlot(f"{p}.attn.c_attn.bias", 0, 0),
+                key_bias=HeadSlot(f"{p}.attn.c_attn.bias", 0, d),
+                value_bias=HeadSlot(f"{p}.attn.c_attn.bias", 0, 2 * d),
+                out_bias=f"{p}.attn.c_proj.bias",
+            )
+            # Conv1D is ``in x out``: c_fc's hidden units are columns, c_proj's are rows.
+            hidden_axes = ((f"{p}.mlp.c_fc.weight", 1), (f"{p}.mlp.c_fc.bias", 0), (f"{p}.mlp.c_proj.weight", 0))
+            owned = tuple(name for name, _ in hidden_axes) + (f"{p}.mlp.c_proj.bias",)
+            feed_forward = FeedForwardSpec(AxisPermutation(f"{p}.mlp", hidden, hidden_axes), owned)
+            blocks.append(BlockSpec(attention, feed_forward))
+            residual += index.elementwise(f"{p}.ln_1") + index.elementwise(f"{p}.ln_2")
+            residual += index.axes(
+                (f"{p}.attn.c_attn.weight", 0), (f"{p}.attn.c_proj.weight", 1), (f"{p}.attn.c_proj.bias", 0)
+            )
+            residual += index.axes(
+                (f"{p}.mlp.c_fc.weight", 0), (f"{p}.mlp.c_proj.weight", 1), (f"{p}.mlp.c_proj.bias", 0)
+            )
+        residual += index.elementwise("transformer.ln_f")
+        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual)))
+
+    def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        return {"input_ids": _token_inputs(model.config, batch_size, generator, model.config.n_positions)}
+
+
+class _EncoderAdapter(ModelAdapter):
+    """BERT-style post-norm encoder classifiers (BERT, RoFormer)."""
+
+    base: str  # attribute holding the encoder, "bert" or "roformer"
+    head_input: str  # the Linear that reads the residual stream after the last layer
+
+    def rotary(self, model: nn.Module):
+        return None
+
+    def spec(self, model: nn.Module) -> SymmetrySpec:
+        c = model.config
+        if getattr(c, "is_decoder", False) or getattr(c, "add_cross_attention", False):
+            raise UnsupportedModelError(f"{type(model).__name__} as a decoder is not supported (set is_decoder=False)")
+        index = ParameterIndex(model)
+        d, h = c.hidden_size, c.num_attention_heads
+        rotary = self.rotary(model)
+        e = f"{self.base}.embeddings"
+        if index.optional(f"{self.base}.embeddings_project.weight"):
+            residual = index.linear_writes(f"{self.base}.embeddings_project")  # embeddings live in their own width
+        else:
+            residual = index.axes(
+                (f"{e}.word_embeddings.weight", 1),
+                (f"{e}.position_embeddings.weight", 1),
+                (f"{e}.token_type_embeddings.weight", 1),
+            )
+            residual += index.elementwise(f"{e}.LayerNorm")
+        blocks = []
+        for i in range(c.num_hidden_layers):
+            p = f"{self.base}.encoder.layer.{i}"
+            projections = (
+                f"{p}.attention.self.query",
+                f"{p}.attention.self.key",
+                f"{p}.attention.self.value",
+                f"{p}.attention.output.dense",
+            )
+            attention = linear_attention(
+                index,
+                f"{p}.attention",
+                projections,
+                width=d,
+                num_heads=h,
+                num_kv_heads=h,
+                head_dim=d // h,
+                pe="rope" if rotary is not None else "absolute",
+                rotary=rotary,
+            )
+            feed_forward = linear_feed_forward(
+                index, f"{p}.intermediate", (f"{p}.intermediate.dense",), f"{p}.output.dense", c.intermediate_size
+            )
+            blocks.append(BlockSpec(attention, feed_forward))
+            residual += [axis for q in projections[:3] for axis in index.linear_reads(q)]
+            residual += index.linear_writes(projections[3]) + index.elementwise(f"{p}.attention.output.LayerNorm")
+            residual += index.linear_reads(f"{p}.intermediate.dense") + index.linear_writes(f"{p}.output.dense")
+            residual += index.elementwise(f"{p}.output.LayerNorm")
+        residual += index.linear_reads(self.head_input)
+        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual)))
+
+    def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        c = model.config
+        input_ids = _token_inputs(c, batch_size, generator, c.max_position_embeddings)
+        token_type_ids = torch.randint(c.type_vocab_size, input_ids.shape, generator=generator)
+        return {"input_ids": input_ids, "token_type_ids": token_type_ids}
+
+
+@register_adapter("transformers:BertForSequenceClassification")
+class BertAdapter(_EncoderAdapter):
+    base = "bert"
+    head_input = "bert.pooler.dense"
+
+
+@register_adapter("transformers:RoFormerForSequenceClassification")
+class RoFormerAdapter(_EncoderAdapter):
+    base = "roformer"
+    head_input = "classifier.dense"
+
+    def rotary(self, model: nn.Module):
+        c = model.config
+        if c.rotary_value:
+            raise UnsupportedModelError("RoFormer with rotary_value=True is not supported (set rotary_value=False)")
+        head_dim = c.hidden_size // c.num_attention_heads
+        table = model.roformer.encoder.embed_positions.weight.detach()  # (positions, head_dim): [sin | cos]
+        sin, cos = table.chunk(2, dim=-1)
+        return rotary_from_cos_sin("interleaved", rotary_pairs("interleaved", head_dim), cos, sin)
+
+
+@register_adapter("transformers:LlamaForCausalLM")
+class LlamaAdapter(ModelAdapter):
+    def spec(self, model: nn.Module) -> SymmetrySpec:
+        c = model.config
+        index = ParameterIndex(model)
+        d, h, h_kv = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
+        head_dim = getattr(c, "head_dim", None) or d // h
+        rotary = self._rotary(model, head_dim)
+        residual = index.axes(("model.embed_tokens.weight", 1), ("lm_head.weight", 1))
+        blocks = []
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}"
+            projections = tuple(f"{p}.self_attn.{x}_proj" for x in ("q", "k", "v", "o"))
+            attention = linear_attention(
+                index,
+                f"{p}.self_attn",
+                projections,
+                width=d,
+                num_heads=h,
+                num_kv_heads=h_kv,
+                head_dim=head_dim,
+                pe="rope",
+                rotary=rotary,
+            )
+            inputs = (f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj")
+            feed_forward = linear_feed_forward(index, f"{p}.mlp", inputs, f"{p}.mlp.down_proj", c.intermediate_size)
+            blocks.append(BlockSpec(attention, feed_forward))
+            residual += index.elementwise(f"{p}.input_layernorm") + index.elementwise(f"{p}.post_attention_layernorm")
+            residual += [axis for q in projections[:3] + inputs for axis in index.linear_reads(q)]
+            residual += index.linear_writes(projections[3]) + index.linear_writes(f"{p}.mlp.down_proj")
+        residual += index.elementwise("model.norm")
+        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual)))
+
+    @staticmethod
+    def _rotary(model: nn.Module, head_dim: int):
+        # Distinct frequencies show within a few thousand positions; long contexts need no more.
+        positions = torch.arange(min(model.config.max_position_embeddings, 4096))[None]
+        probe = torch.zeros(1, 1, dtype=torch.float64)
+        with torch.no_grad():
+            cos, sin = model.model.rotary_emb(probe, positions)  # (1, T, head_dim), cat(freqs, freqs)
+        if cos.shape[-1] != head_dim:
+            raise UnsupportedModelError(f"Llama rotary width {cos.shape[-1]} != head_dim {head_dim} is not supported")
+        pairs = rotary_pairs("half", head_dim)
+        return rotary_from_cos_sin("half", pairs, cos[0, :, : head_dim // 2], sin[0, :, : head_dim // 2])
+
+    def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        return {"input_ids": _token_inputs(model.config, batch_size, generator, model.config.max_position_embeddings)}

@@ -1,0 +1,87 @@
+"""Building blocks adapters use to describe common storage layouts as spec data."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmc.symmetry.spec import AttentionSpec, AxisPermutation, FeedForwardSpec, HeadSlot, RotaryLayout
+
+Axes = list[tuple[str, int]]
+
+
+class ParameterIndex:
+    """The parameter names of one model, to build specs that list only what exists."""
+
+    def __init__(self, model: nn.Module):
+        self.shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+    def optional(self, name: str) -> str | None:
+        """``name`` if the model has that parameter (e.g. a bias that may be switched off)."""
+        return name if name in self.shapes else None
+
+    def axes(self, *pairs: tuple[str, int]) -> Axes:
+        """The ``(name, axis)`` pairs whose parameter exists."""
+        return [(name, axis) for name, axis in pairs if name in self.shapes]
+
+    def linear_reads(self, prefix: str) -> Axes:
+        """Axes of an ``nn.Linear`` (weight ``out x in``) that reads the permuted space."""
+        return self.axes((f"{prefix}.weight", 1))
+
+    def linear_writes(self, prefix: str) -> Axes:
+        """Axes of an ``nn.Linear`` that writes the permuted space (weight rows and bias)."""
+        return self.axes((f"{prefix}.weight", 0), (f"{prefix}.bias", 0))
+
+    def elementwise(self, prefix: str) -> Axes:
+        """Axes of a norm (weight and bias) or any per-coordinate parameter group."""
+        return self.axes((f"{prefix}.weight", 0), (f"{prefix}.bias", 0))
+
+    def bias_slot(self, name: str, offset: int = 0) -> HeadSlot | None:
+        return HeadSlot(name, 0, offset) if name in self.shapes else None
+
+
+def linear_attention(
+    index: ParameterIndex,
+    name: str,
+    projections: tuple[str, str, str, str],
+    *,
+    width: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    pe: str,
+    rotary: RotaryLayout | None = None,
+) -> AttentionSpec:
+    """Attention with four separate ``nn.Linear`` projections (query, key, value, output prefixes)."""
+    query, key, value, out = projections
+    return AttentionSpec(
+        name=name,
+        width=width,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        pe=pe,
+        rotary=rotary,
+        query=HeadSlot(f"{query}.weight", 0),
+        key=HeadSlot(f"{key}.weight", 0),
+        value=HeadSlot(f"{value}.weight", 0),
+        out=HeadSlot(f"{out}.weight", 1),
+        query_bias=index.bias_slot(f"{query}.bias"),
+        key_bias=index.bias_slot(f"{key}.bias"),
+        value_bias=index.bias_slot(f"{value}.bias"),
+        out_bias=index.optional(f"{out}.bias"),
+    )
+
+
+def linear_feed_forward(
+    index: ParameterIndex, name: str, inputs: tuple[str, ...], output: str, hidden: int
+) -> FeedForwardSpec:
+    """An FFN of ``nn.Linear`` layers: ``inputs`` (up, and gate if gated) and ``output`` (down)."""
+    axes = [axis for prefix in inputs for axis in index.linear_writes(prefix)] + index.linear_reads(output)
+    owned = [parameter for parameter, _ in axes] + [p for p in [index.optional(f"{output}.bias")] if p]
+    return FeedForwardSpec(AxisPermutation(name, hidden, tuple(axes)), tuple(dict.fromkeys(owned)))
+
+
+def rotary_from_cos_sin(kind: str, pairs: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> RotaryLayout:
+    """A rotary layout from the per-pair cosines and sines a model applies, each ``(T, num_pairs)``."""
+    return RotaryLayout(kind=kind, pairs=pairs.long().cpu(), angles=torch.atan2(sin.double(), cos.double()).cpu())

@@ -1,0 +1,65 @@
+"""Adapter for lmc's own :class:`~lmc.models.reference.ReferenceTransformer`."""
+
+from __future__ import annotations
+
+import torch
+
+from lmc.adapters.base import ModelAdapter, register_adapter
+from lmc.adapters.layout import ParameterIndex, linear_attention, linear_feed_forward, rotary_from_cos_sin
+from lmc.models.reference import ReferenceTransformer
+from lmc.symmetry.spec import AxisPermutation, BlockSpec, SymmetrySpec
+
+
+@register_adapter("lmc:ReferenceTransformer")
+class ReferenceAdapter(ModelAdapter):
+    def spec(self, model: ReferenceTransformer) -> SymmetrySpec:
+        c = model.config
+        index = ParameterIndex(model)
+        pe = {"none": "none", "sinusoidal": "absolute", "learned": "absolute", "rope": "rope"}[c.pe]
+        blocks, residual = [], []
+        residual += index.axes(("patch_embed.weight", 0), ("patch_embed.bias", 0), ("cls_token", 2))
+        residual += index.axes(("token_embed.weight", 1), ("pos_embed", 1))
+        for i, block in enumerate(model.blocks):
+            prefix = f"blocks.{i}"
+            rotary = None
+            if c.pe == "rope":
+                attn = block.attn
+                rotary = rotary_from_cos_sin(c.rope_layout, attn.rope_pairs, attn.rope_cos, attn.rope_sin)
+            projections = tuple(f"{prefix}.attn.{p}_proj" for p in ("q", "k", "v", "o"))
+            attention = linear_attention(
+                index,
+                f"{prefix}.attn",
+                projections,
+                width=c.width,
+                num_heads=c.num_heads,
+                num_kv_heads=c.num_kv_heads,
+                head_dim=c.head_dim,
+                pe=pe,
+                rotary=rotary,
+            )
+            inputs = (f"{prefix}.mlp.up_proj",) + ((f"{prefix}.mlp.gate_proj",) if c.mlp == "swiglu" else ())
+            feed_forward = linear_feed_forward(index, f"{prefix}.mlp", inputs, f"{prefix}.mlp.down_proj", c.mlp_hidden)
+            blocks.append(BlockSpec(attention, feed_forward))
+            residual += index.elementwise(f"{prefix}.attn_norm") + index.elementwise(f"{prefix}.mlp_norm")
+            residual += [axis for p in projections[:3] for axis in index.linear_reads(p)]
+            residual += index.linear_writes(projections[3]) + index.linear_writes(f"{prefix}.mlp.down_proj")
+            residual += [axis for p in inputs for axis in index.linear_reads(p)]
+        residual += index.elementwise("norm") + index.linear_reads("head")
+        if c.pe == "sinusoidal":
+            return SymmetrySpec(
+                tuple(blocks), None, "the sinusoidal position table is a fixed buffer added to the residual stream"
+            )
+        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", c.width, tuple(residual)))
+
+    def example_inputs(
+        self, model: ReferenceTransformer, batch_size: int, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        c = model.config
+        dtype = next(model.parameters()).dtype
+        if c.task == "image_classification":
+            images = torch.randn(
+                batch_size, c.in_channels, c.image_size, c.image_size, generator=generator, dtype=dtype
+            )
+            return {"images": images}
+        length = min(c.max_positions, 16)
+        return {"input_ids": torch.randint(c.vocab_size, (batch_size, length), generator=generator)}

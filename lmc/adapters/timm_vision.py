@@ -1,0 +1,161 @@
+"""Adapters for timm 1.0 vision Transformers: ``VisionTransformer`` and the (RoPE) ``Eva`` family.
+
+timm fuses Q, K, V in one ``qkv`` Linear (rows ``[Q | K | V]``, head-major); EVA-style
+attention keeps ``q_bias``/``v_bias`` apart and has no key bias. timm's RoPE ViTs use 2-D
+axial RoPE (``RotaryEmbeddingCat``) on the patch tokens only, interleaved pairs unless
+``rotate_half``; the class token is never rotated, which is why ``C`` must commute with every
+absolute rotation, not only the relative ones (SPEC section 2).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmc.adapters.base import ModelAdapter, UnsupportedModelError, register_adapter
+from lmc.adapters.layout import ParameterIndex, linear_attention, linear_feed_forward, rotary_from_cos_sin
+from lmc.symmetry.spec import (
+    AttentionSpec,
+    AxisPermutation,
+    BlockSpec,
+    HeadSlot,
+    RotaryLayout,
+    SymmetrySpec,
+    rotary_pairs,
+)
+
+
+def _require_identity(module: nn.Module, attributes: tuple[str, ...], where: str) -> None:
+    for attribute in attributes:
+        value = getattr(module, attribute, None)
+        if value is not None and not isinstance(value, nn.Identity):
+            raise UnsupportedModelError(
+                f"{where}.{attribute} is a {type(value).__name__}: a normalization or gate inside attention breaks "
+                "the per-head GL symmetry lmc relies on; build the model with it disabled"
+            )
+
+
+def _attention(
+    index: ParameterIndex, prefix: str, attn: nn.Module, width: int, pe: str, rotary: RotaryLayout | None
+) -> tuple[AttentionSpec, list[tuple[str, int]]]:
+    """The attention spec and the residual-stream axes of its projections."""
+    _require_identity(attn, ("q_norm", "k_norm", "norm", "gate"), prefix)
+    h, head_dim = attn.num_heads, attn.head_dim
+    if getattr(attn, "qkv", None) is None:
+        projections = tuple(f"{prefix}.{x}" for x in ("q_proj", "k_proj", "v_proj", "proj"))
+        num_kv_heads = attn.k_proj.out_features // head_dim
+        spec = linear_attention(
+            index,
+            prefix,
+            projections,
+            width=width,
+            num_heads=h,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            pe=pe,
+            rotary=rotary,
+        )
+        reads = [axis for p in projections[:3] for axis in index.linear_reads(p)]
+        return spec, reads + index.linear_writes(projections[3])
+    attn_dim = h * head_dim
+    qkv = f"{prefix}.qkv"
+    if index.optional(f"{qkv}.bias"):
+        biases = [HeadSlot(f"{qkv}.bias", 0, k * attn_dim) for k in range(3)]
+    else:  # EvaAttention: separate q/v biases, the key bias is a zero buffer
+        biases = [index.bias_slot(f"{prefix}.q_bias"), None, index.bias_slot(f"{prefix}.v_bias")]
+    spec = AttentionSpec(
+        name=prefix,
+        width=width,
+        num_heads=h,
+        num_kv_heads=h,
+        head_dim=head_dim,
+        pe=pe,
+        rotary=rotary,
+        query=HeadSlot(f"{qkv}.weight", 0, 0),
+        key=HeadSlot(f"{qkv}.weight", 0, attn_dim),
+        value=HeadSlot(f"{qkv}.weight", 0, 2 * attn_dim),
+        out=HeadSlot(f"{prefix}.proj.weight", 1),
+        query_bias=biases[0],
+        key_bias=biases[1],
+        value_bias=biases[2],
+        out_bias=index.optional(f"{prefix}.proj.bias"),
+    )
+    return spec, index.linear_reads(qkv) + index.linear_writes(f"{prefix}.proj")
+
+
+def _axial_rotary(model: nn.Module) -> RotaryLayout | None:
+    rope = getattr(model, "rope", None)
+    if rope is None:
+        return None
+    if type(rope).__name__ != "RotaryEmbeddingCat" or getattr(model, "rope_mixed", False):
+        raise UnsupportedModelError(
+            f"timm rope type {type(rope).__name__} is not supported; lmc supports rope_type='cat' (RotaryEmbeddingCat)"
+        )
+    with torch.no_grad():
+        embedding = rope.get_embed(shape=list(model.patch_embed.grid_size))  # (N, 2 * head_dim): [sin | cos]
+    sin, cos = embedding.double().chunk(2, dim=-1)
+    layout = "half" if getattr(model.blocks[0].attn, "rotate_half", False) else "interleaved"
+    pairs = rotary_pairs(layout, sin.shape[-1])
+    first, second = pairs[:, 0], pairs[:, 1]
+    if not (torch.equal(sin[:, first], sin[:, second]) and torch.equal(cos[:, first], cos[:, second])):
+        raise UnsupportedModelError(f"timm rope angles do not follow the {layout} pair layout")
+    # Absolute angles per patch: the group commutes with each R_n, as the unrotated class token requires.
+    return rotary_from_cos_sin("axial", pairs, cos[:, first], sin[:, first])
+
+
+def _vision_spec(model: nn.Module, rotary: RotaryLayout | None, layer_scale: tuple[str, str]) -> SymmetrySpec:
+    if getattr(model, "attn_pool", None) is not None:
+        raise UnsupportedModelError("timm attention-pool heads (global_pool='map') are not supported")
+    index = ParameterIndex(model)
+    width = model.embed_dim
+    has_pos_embed = index.optional("pos_embed") is not None
+    pe = "rope" if rotary is not None else ("absolute" if has_pos_embed else "none")
+    residual = index.axes(("cls_token", 2), ("reg_token", 2), ("pos_embed", 2))
+    residual += index.axes(("patch_embed.proj.weight", 0), ("patch_embed.proj.bias", 0))
+    residual += index.elementwise("patch_embed.norm") + index.elementwise("norm_pre")
+    blocks = []
+    for i, block in enumerate(model.blocks):
+        prefix = f"blocks.{i}"
+        attention, attention_axes = _attention(index, f"{prefix}.attn", block.attn, width, pe, rotary)
+        mlp = block.mlp
+        if hasattr(mlp, "fc1_g"):
+            inputs = (f"{prefix}.mlp.fc1_g", f"{prefix}.mlp.fc1_x")
+        elif hasattr(mlp, "fc1") and mlp.fc1.out_features in (mlp.fc2.in_features, 2 * mlp.fc2.in_features):
+            inputs = (f"{prefix}.mlp.fc1",)  # Mlp, or GluMlp with [value | gate] stacked in fc1
+        else:
+            raise UnsupportedModelError(
+                f"{prefix}.mlp ({type(mlp).__name__}) is not supported: use Mlp, GluMlp or SwiGLU"
+            )
+        feed_forward = linear_feed_forward(index, f"{prefix}.mlp", inputs, f"{prefix}.mlp.fc2", mlp.fc2.in_features)
+        # A norm inside the MLP (scale_mlp) is permutation-equivariant: its parameters move with the hidden units.
+        hidden_norm = index.elementwise(f"{prefix}.mlp.norm")
+        if hidden_norm:
+            hidden = feed_forward.hidden
+            hidden = AxisPermutation(hidden.name, hidden.size, hidden.axes + tuple(hidden_norm))
+            feed_forward = type(feed_forward)(hidden, feed_forward.parameters + tuple(p for p, _ in hidden_norm))
+        blocks.append(BlockSpec(attention, feed_forward))
+        residual += index.elementwise(f"{prefix}.norm1") + index.elementwise(f"{prefix}.norm2") + attention_axes
+        residual += [axis for p in inputs for axis in index.linear_reads(p)] + index.linear_writes(f"{prefix}.mlp.fc2")
+        residual += index.axes(*((f"{prefix}.{name}", 0) for name in layer_scale))
+    residual += index.elementwise("norm") + index.elementwise("fc_norm") + index.linear_reads("head")
+    return SymmetrySpec(tuple(blocks), AxisPermutation("residual", width, tuple(residual)))
+
+
+class _TimmVisionAdapter(ModelAdapter):
+    def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        height, width = model.patch_embed.img_size
+        channels = model.patch_embed.proj.in_channels
+        dtype = model.patch_embed.proj.weight.dtype
+        return {"x": torch.randn(batch_size, channels, height, width, generator=generator, dtype=dtype)}
+
+
+@register_adapter("timm:VisionTransformer")
+class VisionTransformerAdapter(_TimmVisionAdapter):
+    def spec(self, model: nn.Module) -> SymmetrySpec:
+        return _vision_spec(model, None, ("ls1.gamma", "ls2.gamma"))
+
+
+@register_adapter("timm:Eva")
+class EvaAdapter(_TimmVisionAdapter):
+    def spec(self, model: nn.Module) -> SymmetrySpec:
+        return _vision_spec(model, _axial_rotary(model), ("gamma_1", "gamma_2"))

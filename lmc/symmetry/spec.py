@@ -1,0 +1,213 @@
+"""Symmetry specifications: where each group acts inside a model's parameters, as plain data.
+
+A spec says *which* parameter axes a group acts on (git-re-basin's ``PermutationSpec``,
+extended to the continuous per-head groups of SPEC section 2). Adapters produce specs;
+everything else (apply, sample, invert, match) is generic code over them.
+
+Convention (SPEC section 1): a token is a row ``x`` of width ``d`` and a layer computes
+``x @ W``. A :class:`HeadSlot` locates the ``heads * head_dim`` entries of one projection
+inside a stored parameter, whatever its storage (``nn.Linear`` is ``out x in``, GPT-2's
+``Conv1D`` is ``in x out``, fused ``qkv`` holds three projections one after the other).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+PositionalEncoding = Literal["none", "absolute", "rope"]
+RopeLayout = Literal["half", "interleaved", "axial"]
+SCOPES = ("first_attention", "all_attention", "first_block", "full_model")
+
+
+@dataclass(frozen=True)
+class HeadSlot:
+    """Where one per-head projection (or its bias) is stored.
+
+    Attributes:
+        parameter: Fully qualified parameter name, as in ``model.named_parameters()``.
+        head_axis: Axis of that parameter holding the ``heads * head_dim`` entries, head-major.
+        offset: First entry of this projection along ``head_axis`` (non-zero in fused ``qkv``).
+    """
+
+    parameter: str
+    head_axis: int
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class RotaryLayout:
+    """The rotations a RoPE attention layer applies to queries and keys.
+
+    Each rotary pair ``(first, second)`` of head coordinates turns as the complex number
+    ``x[first] + i x[second]`` multiplied by ``exp(i angle)``; coordinates in no pair are
+    never rotated.
+
+    Attributes:
+        kind: ``"half"`` (pairs ``(j, j + r/2)``), ``"interleaved"`` (``(2j, 2j+1)``) or
+            ``"axial"`` (2-D grid positions; the pairing is in ``pairs``).
+        pairs: Coordinate pairs, shape ``(num_pairs, 2)``.
+        angles: Angle each pair turns by at each position the model uses,
+            shape ``(num_positions, num_pairs)``. Read off the model itself, so that the
+            derived group follows its actual frequencies.
+    """
+
+    kind: RopeLayout
+    pairs: torch.Tensor
+    angles: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.pairs.ndim != 2 or self.pairs.shape[1] != 2:
+            raise ValueError(f"pairs must have shape (num_pairs, 2), got {tuple(self.pairs.shape)}")
+        if self.angles.ndim != 2 or self.angles.shape[1] != self.pairs.shape[0]:
+            raise ValueError(
+                f"angles must have shape (num_positions, {self.pairs.shape[0]}), got {tuple(self.angles.shape)}"
+            )
+
+    @property
+    def rotary_dim(self) -> int:
+        """Number of head coordinates that rotate."""
+        return 2 * self.pairs.shape[0]
+
+
+def rotary_pairs(layout: str, rotary_dim: int) -> torch.Tensor:
+    """The coordinate pairs of a 1-D rotary layout, shape ``(rotary_dim // 2, 2)``.
+
+    Args:
+        layout: ``"half"`` (``rotate_half``: pairs ``(j, j + r/2)``) or ``"interleaved"``
+            (pairs ``(2j, 2j + 1)``).
+        rotary_dim: Rotated coordinates per head (even).
+    """
+    j = torch.arange(rotary_dim // 2)
+    if layout == "half":
+        return torch.stack([j, j + rotary_dim // 2], dim=1)
+    if layout == "interleaved":
+        return torch.stack([2 * j, 2 * j + 1], dim=1)
+    raise ValueError(f"unknown rotary layout {layout!r}; choose 'half' or 'interleaved'")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One multi-head attention layer, in the uniform per-head view.
+
+    Per head (SPEC section 1), ``W_Q, W_K, W_V`` are ``d x head_dim`` and ``W_O`` is
+    ``head_dim x d``. With grouped-query attention ``key``/``value`` hold ``num_kv_heads``
+    heads and query head ``i`` reads KV head ``i // (num_heads // num_kv_heads)``.
+
+    Attributes:
+        name: Module path of the layer (for messages and reports).
+        width: Model width ``d``.
+        num_heads: Query heads ``h``.
+        num_kv_heads: Key/value heads ``h_kv`` (equal to ``h`` without GQA).
+        head_dim: Head width ``d_h``.
+        pe: ``"none"``, ``"absolute"`` (additive: sinusoidal or learned) or ``"rope"``.
+        rotary: The RoPE rotations, ``None`` unless ``pe == "rope"``.
+        query, key, value, out: Storage of the projections.
+        query_bias, key_bias, value_bias: Storage of the per-head biases, if any.
+        out_bias: Name of the output bias parameter (width ``d``), if any; the attention
+            group leaves it unchanged.
+    """
+
+    name: str
+    width: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    pe: PositionalEncoding
+    query: HeadSlot
+    key: HeadSlot
+    value: HeadSlot
+    out: HeadSlot
+    query_bias: HeadSlot | None = None
+    key_bias: HeadSlot | None = None
+    value_bias: HeadSlot | None = None
+    out_bias: str | None = None
+    rotary: RotaryLayout | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"{self.name}: num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if (self.pe == "rope") != (self.rotary is not None):
+            raise ValueError(f"{self.name}: a rotary layout is required exactly when pe == 'rope' (pe={self.pe!r})")
+
+    @property
+    def queries_per_kv(self) -> int:
+        """Query heads served by each key/value head."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """Names of every parameter this layer owns, in first-seen order."""
+        slots = (self.query, self.key, self.value, self.out, self.query_bias, self.key_bias, self.value_bias)
+        names = [slot.parameter for slot in slots if slot is not None]
+        if self.out_bias is not None:
+            names.append(self.out_bias)
+        return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class AxisPermutation:
+    """One permutation acting on the same-sized axis of several parameters.
+
+    ``new.index_select(axis, perm)`` is applied to every ``(parameter, axis)`` pair: a
+    hidden unit (or residual coordinate) moves together everywhere it appears. An axis
+    ``k * size`` long holds ``k`` stacked copies (a fused ``[up | gate]`` projection) and
+    each copy is permuted alike.
+
+    Attributes:
+        name: What is permuted (for messages and reports).
+        size: Length of the permuted axis.
+        axes: ``(parameter name, axis)`` pairs.
+    """
+
+    name: str
+    size: int
+    axes: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class FeedForwardSpec:
+    """A feed-forward network whose hidden units permute.
+
+    Attributes:
+        hidden: The permutation of hidden units (``W_in`` columns and bias, gate and up
+            projections together, ``W_out`` rows).
+        parameters: Every parameter the network owns (its output bias included).
+    """
+
+    hidden: AxisPermutation
+    parameters: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One Transformer block: an attention layer and (optionally) its feed-forward network."""
+
+    attention: AttentionSpec
+    feed_forward: FeedForwardSpec | None = None
+
+
+@dataclass(frozen=True)
+class SymmetrySpec:
+    """Every symmetry lmc knows for one model.
+
+    Attributes:
+        blocks: The Transformer blocks, input to output.
+        residual: The residual-stream permutation, or ``None`` where a fixed tensor (a
+            sinusoidal position table held as a buffer) is added to the stream and so no
+            non-trivial permutation of it is a symmetry.
+        residual_note: Why ``residual`` is ``None``, for error messages.
+    """
+
+    blocks: tuple[BlockSpec, ...]
+    residual: AxisPermutation | None = None
+    residual_note: str = field(default="", compare=False)
+
+    @property
+    def attention(self) -> tuple[AttentionSpec, ...]:
+        """The attention layers, input to output."""
+        return tuple(block.attention for block in self.blocks)

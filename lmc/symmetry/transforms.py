@@ -1,0 +1,194 @@
+"""Group elements and their action on weights (SPEC section 2).
+
+An attention element is ``(sigma, C_1..C_{h_kv}, B_1..B_{h_kv})``: a permutation of heads,
+then per key/value head one ``C`` on Q/K and one ``B`` on V/O. It maps
+
+    W_Q^i -> W_Q^sigma(i) C_g(i)        W_K^g -> W_K^sigma_kv(g) C_g^{-T}
+    W_V^g -> W_V^sigma_kv(g) B_g        W_O^i -> B_g(i)^{-1} W_O^sigma(i)
+
+(biases like their weights, ``b_O`` unchanged). Without GQA ``g(i) = i`` and both
+permutations coincide. Permutations act on axes as ``new = old.index_select(axis, perm)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from lmc.symmetry.groups import TiedGroup, general_linear, rotary_commutant
+from lmc.symmetry.spec import AttentionSpec, AxisPermutation, SymmetrySpec
+from lmc.symmetry.weights import AttentionWeights, read_attention, write_attention
+
+
+def qk_group(spec: AttentionSpec) -> TiedGroup:
+    """The group of ``C`` (Q/K) for this layer: ``GL(d_h)``, or the commutant of its RoPE rotations."""
+    if spec.rotary is None:
+        return general_linear(spec.head_dim)
+    return rotary_commutant(spec.head_dim, spec.rotary)
+
+
+def vo_group(spec: AttentionSpec) -> TiedGroup:
+    """The group of ``B`` (V/O): always ``GL(d_h)``."""
+    return general_linear(spec.head_dim)
+
+
+@dataclass(frozen=True)
+class AttentionTransform:
+    """One element of the attention group of a layer.
+
+    Attributes:
+        query_permutation: ``(num_heads,)``; new query head ``i`` is old head ``perm[i]``.
+        kv_permutation: ``(num_kv_heads,)``; the same for key/value heads. Query heads must
+            move with their key/value head: ``perm[i] // q == kv_perm[i // q]``.
+        qk: ``C`` per key/value head, ``(num_kv_heads, head_dim, head_dim)``.
+        vo: ``B`` per key/value head, ``(num_kv_heads, head_dim, head_dim)``.
+    """
+
+    query_permutation: torch.Tensor
+    kv_permutation: torch.Tensor
+    qk: torch.Tensor
+    vo: torch.Tensor
+
+    @classmethod
+    def identity(cls, spec: AttentionSpec, dtype: torch.dtype = torch.float64) -> AttentionTransform:
+        eye = torch.eye(spec.head_dim, dtype=dtype).expand(spec.num_kv_heads, -1, -1).clone()
+        return cls(torch.arange(spec.num_heads), torch.arange(spec.num_kv_heads), eye, eye.clone())
+
+    @property
+    def queries_per_kv(self) -> int:
+        return self.query_permutation.numel() // self.kv_permutation.numel()
+
+    def inverse(self) -> AttentionTransform:
+        """The element ``g^-1`` with ``g^-1 (g theta) = theta``."""
+        query_inverse = torch.argsort(self.query_permutation)
+        kv_inverse = torch.argsort(self.kv_permutation)
+        return AttentionTransform(
+            query_inverse, kv_inverse, torch.linalg.inv(self.qk[kv_inverse]), torch.linalg.inv(self.vo[kv_inverse])
+        )
+
+    def compose(self, then: AttentionTransform) -> AttentionTransform:
+        """The element ``then o self``: apply ``self`` first, then ``then``."""
+        return AttentionTransform(
+            self.query_permutation[then.query_permutation],
+            self.kv_permutation[then.kv_permutation],
+            self.qk[then.kv_permutation] @ then.qk,
+            self.vo[then.kv_permutation] @ then.vo,
+        )
+
+    def validate(self, spec: AttentionSpec, rtol: float = 1e-8) -> None:
+        """Raise ``ValueError`` unless this is an element of the layer's group."""
+        h, h_kv, d_h = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        for name, perm, n in (
+            ("query_permutation", self.query_permutation, h),
+            ("kv_permutation", self.kv_permutation, h_kv),
+        ):
+            if perm.shape != (n,) or not torch.equal(perm.sort().values, torch.arange(n)):
+                raise ValueError(f"{spec.name}: {name} is not a permutation of {n} heads: {perm.tolist()}")
+        q = spec.queries_per_kv
+        if not torch.equal(self.query_permutation // q, self.kv_permutation.repeat_interleave(q)):
+            raise ValueError(f"{spec.name}: the query permutation moves a head out of its key/value group")
+        for name, matrices, group in (("qk", self.qk, qk_group(spec)), ("vo", self.vo, vo_group(spec))):
+            if matrices.shape != (h_kv, d_h, d_h):
+                raise ValueError(f"{spec.name}: {name} must have shape {(h_kv, d_h, d_h)}, got {tuple(matrices.shape)}")
+            if not group.contains(matrices.double(), rtol=rtol):
+                raise ValueError(f"{spec.name}: {name} is not in the layer's {group.name}({d_h}) group")
+
+
+def transform_attention(weights: AttentionWeights, transform: AttentionTransform) -> AttentionWeights:
+    """Apply ``transform`` to per-head weights; computed in the weights' dtype.
+
+    No membership check is made: tests use this to apply elements *outside* the group.
+    """
+    dtype = weights.query.dtype
+    q = transform.queries_per_kv
+    qk, vo = transform.qk.to(dtype), transform.vo.to(dtype)
+    qk_inverse_t, vo_inverse = torch.linalg.inv(qk).mT, torch.linalg.inv(vo)
+    qk_per_query, vo_inverse_per_query = qk.repeat_interleave(q, 0), vo_inverse.repeat_interleave(q, 0)
+    query_perm, kv_perm = transform.query_permutation, transform.kv_permutation
+
+    def rows(bias: torch.Tensor | None, perm: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor | None:
+        return None if bias is None else (bias[perm].unsqueeze(1) @ matrices).squeeze(1)
+
+    return AttentionWeights(
+        query=weights.query[query_perm] @ qk_per_query,
+        key=weights.key[kv_perm] @ qk_inverse_t,
+        value=weights.value[kv_perm] @ vo,
+        out=vo_inverse_per_query @ weights.out[query_perm],
+        query_bias=rows(weights.query_bias, query_perm, qk_per_query),
+        key_bias=rows(weights.key_bias, kv_perm, qk_inverse_t),
+        value_bias=rows(weights.value_bias, kv_perm, vo),
+    )
+
+
+@torch.no_grad()
+def permute_axes(parameters: Mapping[str, torch.Tensor], permutation: AxisPermutation, perm: torch.Tensor) -> None:
+    """Apply one permutation to every axis it owns, in place."""
+    if perm.shape != (permutation.size,):
+        raise ValueError(
+            f"{permutation.name}: permutation must have shape ({permutation.size},), got {tuple(perm.shape)}"
+        )
+    for name, axis in permutation.axes:
+        parameter = parameters[name]
+        copies, remainder = divmod(parameter.shape[axis], permutation.size)
+        if remainder or not copies:
+            raise ValueError(
+                f"{permutation.name}: {name} has {parameter.shape[axis]} entries on axis {axis}, "
+                f"not a multiple of {permutation.size}"
+            )
+        stacked = torch.cat([perm + k * permutation.size for k in range(copies)])
+        parameter.copy_(parameter.index_select(axis, stacked.to(parameter.device)))
+
+
+@dataclass
+class ModelTransform:
+    """A symmetry of a whole model: attention elements per layer, FFN and residual permutations.
+
+    Attributes:
+        attention: Layer index -> element; absent layers are left unchanged.
+        feed_forward: Block index -> permutation of the FFN's hidden units.
+        residual: Permutation of the residual stream, or ``None``.
+    """
+
+    attention: dict[int, AttentionTransform] = field(default_factory=dict)
+    feed_forward: dict[int, torch.Tensor] = field(default_factory=dict)
+    residual: torch.Tensor | None = None
+
+    def apply_(self, parameters: Mapping[str, torch.Tensor], spec: SymmetrySpec) -> None:
+        """Transform the parameters in place (``dict(model.named_parameters())``)."""
+        for index, transform in self.attention.items():
+            layer = spec.blocks[index].attention
+            write_attention(parameters, layer, transform_attention(read_attention(parameters, layer), transform))
+        for index, perm in self.feed_forward.items():
+            feed_forward = spec.blocks[index].feed_forward
+            if feed_forward is None:
+                raise ValueError(f"block {index} has no feed-forward network to permute")
+            permute_axes(parameters, feed_forward.hidden, perm)
+        if self.residual is not None:
+            if spec.residual is None:
+                raise ValueError(f"this model has no residual-stream symmetry: {spec.residual_note}")
+            permute_axes(parameters, spec.residual, self.residual)
+
+
+def sample_attention_transform(
+    spec: AttentionSpec, generator: torch.Generator, qk: TiedGroup | None = None
+) -> AttentionTransform:
+    """A random, well-conditioned element of the layer's group (float64).
+
+    Args:
+        spec: The layer.
+        generator: Source of randomness.
+        qk: Draw ``C`` from this group instead of the layer's own (to build a transformation
+            *outside* the symmetry group, e.g. ``GL`` on a RoPE layer).
+    """
+    kv_perm = torch.randperm(spec.num_kv_heads, generator=generator)
+    q = spec.queries_per_kv
+    inside = torch.stack([torch.randperm(q, generator=generator) for _ in range(spec.num_kv_heads)])
+    query_perm = (kv_perm[:, None] * q + inside).flatten()
+    return AttentionTransform(
+        query_perm,
+        kv_perm,
+        (qk or qk_group(spec)).sample(spec.num_kv_heads, generator),
+        vo_group(spec).sample(spec.num_kv_heads, generator),
+    )

@@ -1,0 +1,101 @@
+"""Read and write the uniform per-head view of an attention layer (SPEC section 1).
+
+The view is in the row-vector convention whatever the storage: per head ``W_Q, W_K, W_V``
+are ``d x head_dim`` and ``W_O`` is ``head_dim x d``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from lmc.symmetry.spec import AttentionSpec, HeadSlot
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    """Per-head parameters of one attention layer.
+
+    Attributes:
+        query: ``(num_heads, d, head_dim)``.
+        key: ``(num_kv_heads, d, head_dim)``.
+        value: ``(num_kv_heads, d, head_dim)``.
+        out: ``(num_heads, head_dim, d)``.
+        query_bias: ``(num_heads, head_dim)`` or ``None``.
+        key_bias: ``(num_kv_heads, head_dim)`` or ``None``.
+        value_bias: ``(num_kv_heads, head_dim)`` or ``None``.
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    out: torch.Tensor
+    query_bias: torch.Tensor | None = None
+    key_bias: torch.Tensor | None = None
+    value_bias: torch.Tensor | None = None
+
+    def map(self, fn) -> AttentionWeights:
+        """Apply ``fn`` to every present tensor."""
+        return replace(
+            self, **{f.name: fn(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}
+        )
+
+
+# (field, slot attribute, whether the per-head block is stored head_dim x d and must be transposed)
+_LAYOUT = (
+    ("query", "query", True),
+    ("key", "key", True),
+    ("value", "value", True),
+    ("out", "out", False),
+    ("query_bias", "query_bias", False),
+    ("key_bias", "key_bias", False),
+    ("value_bias", "value_bias", False),
+)
+
+
+def _head_count(spec: AttentionSpec, field_name: str) -> int:
+    return spec.num_heads if field_name.startswith(("query", "out")) else spec.num_kv_heads
+
+
+def _slot_view(parameter: torch.Tensor, slot: HeadSlot, count: int, head_dim: int) -> torch.Tensor:
+    """A view of the slot's entries, shape ``(count, head_dim, *other_axes)``."""
+    moved = parameter.movedim(slot.head_axis, 0)
+    if slot.offset + count * head_dim > moved.shape[0]:
+        raise ValueError(
+            f"{slot.parameter}: axis {slot.head_axis} has {moved.shape[0]} entries, "
+            f"fewer than offset {slot.offset} + {count} heads x {head_dim}"
+        )
+    return moved.narrow(0, slot.offset, count * head_dim).unflatten(0, (count, head_dim))
+
+
+def read_attention(parameters: Mapping[str, torch.Tensor], spec: AttentionSpec) -> AttentionWeights:
+    """Gather one layer's per-head weights (copies, detached from the model).
+
+    Args:
+        parameters: ``dict(model.named_parameters())`` or a state dict.
+        spec: The layer.
+    """
+    values = {}
+    for field_name, slot_name, transpose in _LAYOUT:
+        slot: HeadSlot | None = getattr(spec, slot_name)
+        if slot is None:
+            continue
+        block = _slot_view(parameters[slot.parameter].detach(), slot, _head_count(spec, field_name), spec.head_dim)
+        values[field_name] = (block.transpose(1, 2) if transpose else block).clone()
+    return AttentionWeights(**values)
+
+
+@torch.no_grad()
+def write_attention(parameters: Mapping[str, torch.Tensor], spec: AttentionSpec, weights: AttentionWeights) -> None:
+    """Write per-head weights back into the stored parameters, in place."""
+    for field_name, slot_name, transpose in _LAYOUT:
+        slot: HeadSlot | None = getattr(spec, slot_name)
+        value: torch.Tensor | None = getattr(weights, field_name)
+        if (slot is None) != (value is None):
+            raise ValueError(f"{spec.name}: weights.{field_name} must be given exactly when the layer has it")
+        if slot is None:
+            continue
+        target = _slot_view(parameters[slot.parameter], slot, _head_count(spec, field_name), spec.head_dim)
+        target.copy_(value.transpose(1, 2) if transpose else value)

@@ -1,0 +1,46 @@
+"""The architectures every symmetry test runs on: tiny float64 models with random weights."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lmc.models import create_model, randomize_parameters_
+
+# test id -> (zoo name, config overrides)
+ARCHITECTURES: dict[str, tuple[str, dict]] = {
+    "ref-vit-learned": ("reference-vit-tiny", {}),
+    "ref-vit-rope-interleaved": ("reference-vit-tiny", {"pe": "rope", "rope_layout": "interleaved"}),
+    "ref-lm-none": ("reference-tiny", {"pe": "none"}),
+    "ref-bert-sinusoidal": ("reference-bert-tiny", {"pe": "sinusoidal"}),
+    "ref-lm-rope-half-gqa-swiglu-rms-nobias": (
+        "reference-tiny",
+        {"pe": "rope", "rope_layout": "half", "num_kv_heads": 2, "mlp": "swiglu", "norm": "rmsnorm", "bias": False},
+    ),
+    "ref-lm-rope-partial": ("reference-tiny", {"pe": "rope", "rope_layout": "interleaved", "rotary_fraction": 0.5}),
+    "gpt2": ("gpt2-tiny", {}),
+    "bert": ("bert-tiny", {}),
+    "roformer": ("roformer-tiny", {}),
+    "llama-gqa": ("llama-tiny", {"attention_bias": True}),
+    "timm-vit": ("vit-tiny", {}),
+    "timm-rope-vit": ("rope-vit-tiny", {}),
+    "timm-eva02": ("eva02-tiny", {}),
+}
+ROPE = [key for key in ARCHITECTURES if "rope" in key or key in ("roformer", "llama-gqa", "timm-eva02")]
+APE = [key for key in ARCHITECTURES if key not in ROPE]
+GQA = ["ref-lm-rope-half-gqa-swiglu-rms-nobias", "llama-gqa"]
+
+# HF's LlamaRMSNorm normalizes in float32 even in a float64 model, so equal functions agree
+# only to float32 rounding after each norm (observed ~2e-7); every other model to ~1e-15.
+OUTPUT_RTOL = {"llama-gqa": 2e-6}
+DEFAULT_OUTPUT_RTOL = 1e-9
+
+
+def build(key: str, seed: int = 0) -> nn.Module:
+    """The architecture ``key`` in float64 with non-trivial random weights."""
+    name, overrides = ARCHITECTURES[key]
+    return randomize_parameters_(create_model(name, dtype=torch.float64, **overrides), seed=seed)
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().norm() / a.detach().norm())

@@ -1,0 +1,98 @@
+"""describe(), scopes and the per-head view against each model's documented storage layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmc.symmetry import describe, model_spec, read_attention, scope_parameters, write_attention
+from tests.architectures import ARCHITECTURES, build
+
+# test id -> (pe, rope_layout, num_heads, num_kv_heads, head_dim, qk_group, qk_group_dim)
+EXPECTED = {
+    "ref-vit-learned": ("absolute", None, 4, 4, 8, "GL", 64),
+    "ref-vit-rope-interleaved": ("rope", "interleaved", 4, 4, 8, "H", 8),
+    "ref-lm-none": ("none", None, 4, 4, 8, "GL", 64),
+    "ref-bert-sinusoidal": ("absolute", None, 4, 4, 8, "GL", 64),
+    "ref-lm-rope-half-gqa-swiglu-rms-nobias": ("rope", "half", 4, 2, 8, "H", 8),
+    "ref-lm-rope-partial": ("rope", "interleaved", 4, 4, 8, "H", 4 + 16),  # 2 pairs of H, GL(4) on the rest
+    "gpt2": ("absolute", None, 4, 4, 8, "GL", 64),
+    "bert": ("absolute", None, 4, 4, 8, "GL", 64),
+    "roformer": ("rope", "interleaved", 4, 4, 8, "H", 8),
+    "llama-gqa": ("rope", "half", 4, 2, 8, "H", 8),
+    "timm-vit": ("absolute", None, 4, 4, 8, "GL", 64),
+    "timm-rope-vit": ("rope", "axial", 4, 4, 8, "H", 8),
+    "timm-eva02": ("rope", "axial", 4, 4, 8, "H", 8),
+}
+KEYS = ("pe", "rope_layout", "num_heads", "num_kv_heads", "head_dim", "qk_group", "qk_group_dim")
+
+
+@pytest.mark.parametrize("key", list(ARCHITECTURES))
+def test_describe_reports_each_layer_group(key):
+    layers = describe(build(key))
+    assert len(layers) == 2
+    for layer in layers:
+        assert tuple(layer[k] for k in KEYS) == EXPECTED[key]
+        assert layer["vo_group"] == "GL"
+
+
+def test_scope_parameters_name_the_reinitialized_parts():
+    model = build("gpt2")
+    first_attention = ["transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias"]
+    first_attention += ["transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias"]
+    assert scope_parameters(model, "first_attention") == first_attention
+    assert set(scope_parameters(model, "all_attention")) == set(first_attention) | {
+        name.replace(".h.0.", ".h.1.") for name in first_attention
+    }
+    mlp = {f"transformer.h.0.mlp.{p}.{k}" for p in ("c_fc", "c_proj") for k in ("weight", "bias")}
+    assert set(scope_parameters(model, "first_block")) == set(first_attention) | mlp
+    assert scope_parameters(model, "full_model") == [name for name, _ in model.named_parameters()]
+
+
+def test_gpt2_view_reads_fused_conv1d_columns():
+    model = build("gpt2")
+    d, head_dim = 32, 8
+    weights = read_attention(dict(model.named_parameters()), model_spec(model).blocks[0].attention)
+    c_attn = model.transformer.h[0].attn.c_attn
+    c_proj = model.transformer.h[0].attn.c_proj
+    for i in range(4):
+        columns = slice(i * head_dim, (i + 1) * head_dim)
+        assert torch.equal(weights.query[i], c_attn.weight[:, columns])
+        assert torch.equal(weights.key[i], c_attn.weight[:, d:][:, columns])
+        assert torch.equal(weights.value[i], c_attn.weight[:, 2 * d :][:, columns])
+        assert torch.equal(weights.key_bias[i], c_attn.bias[d:][columns])
+        assert torch.equal(weights.out[i], c_proj.weight[columns])
+
+
+def test_timm_view_reads_fused_qkv_rows_transposed():
+    model = build("timm-vit")
+    d, head_dim = 32, 8
+    weights = read_attention(dict(model.named_parameters()), model_spec(model).blocks[1].attention)
+    qkv, proj = model.blocks[1].attn.qkv, model.blocks[1].attn.proj
+    for i in range(4):
+        rows = slice(i * head_dim, (i + 1) * head_dim)
+        assert torch.equal(weights.query[i], qkv.weight[rows].T)
+        assert torch.equal(weights.value[i], qkv.weight[2 * d :][rows].T)
+        assert torch.equal(weights.value_bias[i], qkv.bias[2 * d :][rows])
+        assert torch.equal(weights.out[i], proj.weight[:, rows].T)
+
+
+def test_eva_view_has_no_key_bias_and_separate_query_value_biases():
+    model = build("timm-eva02")
+    weights = read_attention(dict(model.named_parameters()), model_spec(model).blocks[0].attention)
+    assert weights.key_bias is None
+    assert torch.equal(weights.query_bias.flatten(), model.blocks[0].attn.q_bias)
+    assert torch.equal(weights.value_bias.flatten(), model.blocks[0].attn.v_bias)
+
+
+@pytest.mark.parametrize(
+    "key", ["gpt2", "llama-gqa", "timm-rope-vit", "timm-eva02", "ref-lm-rope-half-gqa-swiglu-rms-nobias"]
+)
+def test_write_of_read_is_the_identity(key):
+    model = build(key)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    parameters = dict(model.named_parameters())
+    for layer in model_spec(model).attention:
+        write_attention(parameters, layer, read_attention(parameters, layer))
+    for name, value in model.named_parameters():
+        assert torch.equal(value, before[name])
