@@ -6,7 +6,15 @@ say where each group acts; :mod:`lmc.symmetry.groups` holds ``GL`` and RoPE's ``
 :mod:`lmc.symmetry.transforms` applies, inverts and composes elements.
 """
 
-from lmc.symmetry.api import apply_transform, describe, model_spec, random_symmetry, sample_transform, scope_parameters
+from lmc.symmetry.api import (
+    apply_transform,
+    describe,
+    model_spec,
+    random_symmetry,
+    sample_transform,
+    scope_blocks,
+    scope_parameters,
+)
 from lmc.symmetry.groups import TiedGroup, general_linear, other_pair_layout, rotary_commutant
 from lmc.symmetry.spec import SCOPES, AttentionSpec, AxisPermutation, HeadSlot, RotaryLayout, SymmetrySpec
 from lmc.symmetry.transforms import (
@@ -41,6 +49,7 @@ __all__ = [
     "rotary_commutant",
     "sample_attention_transform",
     "sample_transform",
+    "scope_blocks",
     "scope_parameters",
     "transform_attention",
     "vo_group",

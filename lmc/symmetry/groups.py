@@ -108,6 +108,41 @@ class TiedGroup:
         tangent = tangent * (scale / torch.linalg.matrix_norm(tangent, ord=2)[:, None, None])
         return torch.linalg.matrix_exp(tangent).to(dtype)
 
+    def nearest_orthogonal(self, correlations: torch.Tensor) -> torch.Tensor:
+        """The orthogonal elements ``C`` of the group maximizing ``<C, M>`` (orthogonal Procrustes).
+
+        Per block: the polar factor of the block of ``M`` (real ``GL`` blocks), of its complex
+        form (``GL(k, C)`` blocks, unitary), so for ``H`` the best rotation of each pair.
+        ``min ||W C - W'||^2`` over orthogonal ``C`` is solved by ``M = W^T W'``.
+
+        Args:
+            correlations: ``M``, shape ``(..., dim, dim)``.
+
+        Returns:
+            Orthogonal matrices of the group, same shape.
+        """
+        M = self.project(correlations)
+        result = torch.zeros_like(M)
+        if self.real_coordinates.numel():
+            coords = self.real_coordinates.to(M.device)
+            block = M[..., coords[:, None], coords[None, :]]
+            u, _, vh = torch.linalg.svd(block)
+            result[..., coords[:, None], coords[None, :]] = u @ vh
+        for size in sorted({len(block) for block in self.complex_blocks}):
+            blocks = torch.stack([b for b in self.complex_blocks if len(b) == size]).to(M.device)  # (n, k, 2)
+            xs, ys = blocks[..., 0], blocks[..., 1]  # (n, k)
+            rows_x, cols_x = xs[:, :, None], xs[:, None, :]
+            rows_y, cols_y = ys[:, :, None], ys[:, None, :]
+            # The realified block is [[A, B], [-B, A]] <-> A + iB; <C, M> = 2 Re tr(U^H (A + iB)).
+            z = torch.complex(M[..., rows_x, cols_x], M[..., rows_x, cols_y])  # (..., n, k, k)
+            u, _, vh = torch.linalg.svd(z)
+            unitary = u @ vh
+            result[..., rows_x, cols_x] = unitary.real
+            result[..., rows_y, cols_y] = unitary.real
+            result[..., rows_x, cols_y] = unitary.imag
+            result[..., rows_y, cols_x] = -unitary.imag
+        return result
+
     def _flat(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return self.index.flatten().to(device), self.sign.flatten().to(device)
 

@@ -155,6 +155,24 @@ class ModelTransform:
     feed_forward: dict[int, torch.Tensor] = field(default_factory=dict)
     residual: torch.Tensor | None = None
 
+    def compose(self, then: ModelTransform, spec: SymmetrySpec) -> ModelTransform:
+        """The transform ``then o self``: apply ``self`` first, then ``then``."""
+
+        def chain(first: torch.Tensor | None, second: torch.Tensor | None) -> torch.Tensor | None:
+            if first is None or second is None:
+                return second if first is None else first
+            return first[second]
+
+        attention = {}
+        for i in sorted(self.attention.keys() | then.attention.keys()):
+            identity = AttentionTransform.identity(spec.blocks[i].attention)
+            attention[i] = self.attention.get(i, identity).compose(then.attention.get(i, identity))
+        feed_forward = {
+            i: chain(self.feed_forward.get(i), then.feed_forward.get(i))
+            for i in sorted(self.feed_forward.keys() | then.feed_forward.keys())
+        }
+        return ModelTransform(attention, feed_forward, chain(self.residual, then.residual))
+
     def apply_(self, parameters: Mapping[str, torch.Tensor], spec: SymmetrySpec) -> None:
         """Transform the parameters in place (``dict(model.named_parameters())``)."""
         for index, transform in self.attention.items():

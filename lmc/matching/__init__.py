@@ -1,0 +1,10 @@
+"""Weight matching for Transformers (paper Section 5; SPEC section 3).
+
+``align(source, target, scope, method)`` returns a copy of ``source`` that computes the same
+function with weights close to ``target``'s, and a report of what each stage did.
+"""
+
+from lmc.matching.alignment import METHODS, AlignmentError, AlignmentReport, LayerAlignment, align
+from lmc.matching.attention import METRICS
+
+__all__ = ["METHODS", "METRICS", "AlignmentError", "AlignmentReport", "LayerAlignment", "align"]

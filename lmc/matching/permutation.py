@@ -1,0 +1,39 @@
+"""Weight matching for permutation symmetries (Ainsworth et al. 2023, "Git Re-Basin").
+
+One step: with every other symmetry held fixed, the permutation ``P`` of one axis group that
+maximizes ``sum_(W, axis) <P W, W'>`` is a linear assignment on the correlation matrix
+``S[a, b] = <W_a, W'_b>`` (slices of the parameters along the permuted axis).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+from scipy.optimize import linear_sum_assignment
+
+
+def axis_correlation(
+    source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], axes: Iterable[tuple[str, int]], size: int
+) -> torch.Tensor:
+    """``S[a, b] = sum over (parameter, axis) of <slice a of source, slice b of target>``, ``(size, size)``.
+
+    An axis ``k * size`` long holds ``k`` stacked copies; their correlations add up.
+    """
+    correlation = torch.zeros(size, size, dtype=torch.float64)
+    for name, axis in axes:
+        a = source[name].detach().movedim(axis, 0)
+        b = target[name].detach().movedim(axis, 0)
+        copies = a.shape[0] // size
+        a = a.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
+        b = b.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
+        correlation += (a @ b.T).double().cpu()
+    return correlation
+
+
+def best_permutation(correlation: torch.Tensor) -> torch.Tensor:
+    """The permutation ``perm`` (``new[i] = old[perm[i]]``) maximizing ``sum_i S[perm[i], i]``."""
+    rows, cols = linear_sum_assignment(correlation.numpy(), maximize=True)
+    perm = torch.empty(len(rows), dtype=torch.long)
+    perm[torch.as_tensor(cols)] = torch.as_tensor(rows)
+    return perm
