@@ -34,6 +34,11 @@ class ModelAdapter(ABC):
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """A random valid input batch (keyword arguments of ``model.forward``)."""
 
+    @abstractmethod
+    def model_inputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Map an lmc batch (``inputs``, optional ``attention_mask``; see :mod:`lmc.data.base`)
+        to the keyword arguments of ``model.forward``."""
+
     def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The model's output tensor on ``inputs`` (logits for every model lmc supports)."""
         output = model(**inputs)

@@ -30,8 +30,18 @@ def _token_inputs(config, batch_size: int, generator: torch.Generator, max_lengt
     return torch.randint(config.vocab_size, (batch_size, length), generator=generator)
 
 
+class _TokenAdapter(ModelAdapter):
+    """HF models that read ``input_ids`` and an optional ``attention_mask``."""
+
+    def model_inputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        inputs = {"input_ids": batch["inputs"]}
+        if batch.get("attention_mask") is not None:
+            inputs["attention_mask"] = batch["attention_mask"]
+        return inputs
+
+
 @register_adapter("transformers:GPT2LMHeadModel")
-class GPT2Adapter(ModelAdapter):
+class GPT2Adapter(_TokenAdapter):
     def spec(self, model: nn.Module) -> SymmetrySpec:
         c = model.config
         if c.add_cross_attention:
@@ -78,11 +88,12 @@ class GPT2Adapter(ModelAdapter):
         return {"input_ids": _token_inputs(model.config, batch_size, generator, model.config.n_positions)}
 
 
-class _EncoderAdapter(ModelAdapter):
+class _EncoderAdapter(_TokenAdapter):
     """BERT-style post-norm encoder classifiers (BERT, RoFormer)."""
 
     base: str  # attribute holding the encoder, "bert" or "roformer"
     head_input: str  # the Linear that reads the residual stream after the last layer
+    fixed_parameters: tuple[str, ...] = ()  # constants stored as frozen parameters
 
     def rotary(self, model: nn.Module):
         return None
@@ -133,7 +144,8 @@ class _EncoderAdapter(ModelAdapter):
             residual += index.linear_reads(f"{p}.intermediate.dense") + index.linear_writes(f"{p}.output.dense")
             residual += index.elementwise(f"{p}.output.LayerNorm")
         residual += index.linear_reads(self.head_input)
-        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual)))
+        fixed = tuple(name for name in self.fixed_parameters if index.optional(name))
+        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual)), fixed=fixed)
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         c = model.config
@@ -152,6 +164,7 @@ class BertAdapter(_EncoderAdapter):
 class RoFormerAdapter(_EncoderAdapter):
     base = "roformer"
     head_input = "classifier.dense"
+    fixed_parameters = ("roformer.encoder.embed_positions.weight",)
 
     def rotary(self, model: nn.Module):
         c = model.config
@@ -164,7 +177,7 @@ class RoFormerAdapter(_EncoderAdapter):
 
 
 @register_adapter("transformers:LlamaForCausalLM")
-class LlamaAdapter(ModelAdapter):
+class LlamaAdapter(_TokenAdapter):
     def spec(self, model: nn.Module) -> SymmetrySpec:
         c = model.config
         index = ParameterIndex(model)

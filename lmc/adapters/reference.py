@@ -51,6 +51,11 @@ class ReferenceAdapter(ModelAdapter):
             )
         return SymmetrySpec(tuple(blocks), AxisPermutation("residual", c.width, tuple(residual)))
 
+    def model_inputs(self, model: ReferenceTransformer, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if model.config.task == "image_classification":
+            return {"images": batch["inputs"]}
+        return {"input_ids": batch["inputs"], "attention_mask": batch.get("attention_mask")}
+
     def example_inputs(
         self, model: ReferenceTransformer, batch_size: int, generator: torch.Generator
     ) -> dict[str, torch.Tensor]:

@@ -142,6 +142,9 @@ def _vision_spec(model: nn.Module, rotary: RotaryLayout | None, layer_scale: tup
 
 
 class _TimmVisionAdapter(ModelAdapter):
+    def model_inputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"x": batch["inputs"]}
+
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         height, width = model.patch_embed.img_size
         channels = model.patch_embed.proj.in_channels

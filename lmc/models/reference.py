@@ -168,7 +168,7 @@ class Attention(nn.Module):
         rotated[..., second] = x1 * sin + x2 * cos
         return rotated
 
-    def forward(self, x: torch.Tensor, causal: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, causal: bool, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         c = self.config
         q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)  # (B, nh, T, hs)
@@ -178,7 +178,7 @@ class Attention(nn.Module):
             q, k = self.rotate(q), self.rotate(k)
         group = c.num_heads // c.num_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=causal)  # (B, nh, T, hs)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
 
@@ -208,14 +208,15 @@ class Block(nn.Module):
         self.mlp_norm = _norm(config)
         self.mlp = FeedForward(config)
 
-    def forward(self, x: torch.Tensor, causal: bool) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), causal)
+    def forward(self, x: torch.Tensor, causal: bool, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), causal, key_mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
 class ReferenceTransformer(nn.Module):
     """The reference Transformer. ``forward`` takes ``images`` (B, C, H, W) or ``input_ids`` (B, T)
-    and returns logits: (B, num_classes) for classification, (B, T, vocab_size) for LM."""
+    (and optionally an ``attention_mask``) and returns logits: (B, num_classes) for
+    classification, (B, T, vocab_size) for LM."""
 
     def __init__(self, config: ReferenceConfig):
         super().__init__()
@@ -265,10 +266,19 @@ class ReferenceTransformer(nn.Module):
             x = x + self.pos_table[:T].to(x.dtype)
         return x
 
-    def forward(self, images: torch.Tensor | None = None, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        images: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits. ``attention_mask`` (B, T), 1 for real tokens, hides padding from a classifier."""
         x = self.embed(images, input_ids)
         causal = self.config.task == "causal_lm"
+        key_mask = None
+        if attention_mask is not None and not causal:
+            key_mask = attention_mask[:, None, None, :].bool()  # (B, 1, 1, T): which keys to attend
         for block in self.blocks:
-            x = block(x, causal)
+            x = block(x, causal, key_mask)
         x = self.norm(x)
         return self.head(x if causal else x[:, 0])

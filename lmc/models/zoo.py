@@ -18,7 +18,11 @@ _MODELS: dict[str, Callable[..., nn.Module]] = {}
 
 
 def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Function decorator: register a model factory under ``name``."""
+    """Function decorator: register a model factory under ``name``.
+
+    A factory takes ``(data, overrides)``: a DataModule's ``describe()`` dict (possibly empty)
+    and config fields to override, and returns the model with freshly initialized weights.
+    """
 
     def decorate(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in _MODELS:
@@ -34,17 +38,21 @@ def list_models() -> list[str]:
     return sorted(_MODELS)
 
 
-def create_model(name: str, dtype: torch.dtype = torch.float32, **overrides: Any) -> nn.Module:
+def create_model(
+    name: str, dtype: torch.dtype = torch.float32, data: dict[str, Any] | None = None, **overrides: Any
+) -> nn.Module:
     """Build a named variant in evaluation mode.
 
     Args:
         name: A name from :func:`list_models`.
         dtype: Parameter dtype (tests use ``torch.float64``).
+        data: A DataModule's ``describe()`` (task, classes or vocabulary, image size, sequence
+            length): the model is sized to fit it. Explicit ``overrides`` win.
         **overrides: Config fields to change, e.g. ``pe="rope"`` or ``num_kv_heads=2``.
     """
     if name not in _MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(list_models())}")
-    return _MODELS[name](**overrides).to(dtype).eval()
+    return _MODELS[name](data or {}, overrides).to(dtype).eval()
 
 
 @torch.no_grad()
@@ -72,102 +80,194 @@ def randomize_parameters_(model: nn.Module, seed: int = 0, scale: float = 1.0) -
     return model
 
 
-def _reference(defaults: dict[str, Any], overrides: dict[str, Any]) -> ReferenceTransformer:
-    return ReferenceTransformer(ReferenceConfig(**{**defaults, **overrides}))
+def _fit(data: dict[str, Any], overrides: dict[str, Any], defaults: dict[str, Any], fields: dict[str, Any]) -> dict:
+    """Config = family defaults, then what the data set dictates (``fields``), then user overrides."""
+    return {**defaults, **{k: v for k, v in fields.items() if v is not None}, **overrides}
 
 
-@register_model("reference-tiny")
-def reference_tiny(**overrides: Any) -> nn.Module:
-    """Causal LM, width 32, 2 blocks, 4 heads of 8."""
-    return _reference(
-        dict(task="causal_lm", width=32, depth=2, num_heads=4, vocab_size=64, max_positions=32), overrides
-    )
+def _reference_fields(data: dict[str, Any]) -> dict[str, Any]:
+    task = {"text_classification": "sequence_classification"}.get(data.get("task"), data.get("task"))
+    fields = {"task": task, "num_classes": data.get("num_classes")}
+    if task == "image_classification":
+        image_size = data.get("image_size")
+        fields.update(image_size=image_size, in_channels=data.get("in_channels"))
+    elif task in ("sequence_classification", "causal_lm"):
+        fields.update(
+            vocab_size=data.get("vocab_size", data.get("num_classes")), max_positions=data.get("sequence_length")
+        )
+    return fields
 
 
-@register_model("reference-vit-tiny")
-def reference_vit_tiny(**overrides: Any) -> nn.Module:
-    """ViT-style classifier of 8x8 grey images (the embedded digits), 2x2 patches."""
-    defaults = dict(
-        task="image_classification", width=32, depth=2, num_heads=4, image_size=8, patch_size=2, max_positions=17
-    )
-    return _reference(defaults, overrides)
+def _reference(defaults: dict[str, Any]):
+    def factory(data: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
+        config = _fit(data, overrides, defaults, _reference_fields(data) if data else {})
+        if config.get("task") == "image_classification":
+            patches = (config.get("image_size", 8) // config.get("patch_size", 2)) ** 2
+            config.setdefault("max_positions", patches + 1)
+        return ReferenceTransformer(ReferenceConfig(**config))
+
+    return factory
 
 
-@register_model("reference-bert-tiny")
-def reference_bert_tiny(**overrides: Any) -> nn.Module:
-    """BERT-style sequence classifier (classifies the first token)."""
-    defaults = dict(
-        task="sequence_classification", width=32, depth=2, num_heads=4, vocab_size=64, max_positions=32, num_classes=4
-    )
-    return _reference(defaults, overrides)
+def _hf(config_class: str, model_class: str, defaults: dict[str, Any], fields) -> Callable[..., nn.Module]:
+    def factory(data: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
+        import transformers
+
+        config = getattr(transformers, config_class)(**_fit(data, overrides, defaults, fields(data) if data else {}))
+        return getattr(transformers, model_class)(config)
+
+    return factory
 
 
-@register_model("gpt2-tiny")
-def gpt2_tiny(**overrides: Any) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
+def _timm(architecture: str, defaults: dict[str, Any]) -> Callable[..., nn.Module]:
+    def factory(data: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
+        import timm
 
-    config = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
-    return GPT2LMHeadModel(GPT2Config(**{**config, **overrides}))
+        fields = {
+            "img_size": data.get("image_size"),
+            "in_chans": data.get("in_channels"),
+            "num_classes": data.get("num_classes"),
+        }
+        return timm.create_model(architecture, pretrained=False, **_fit(data, overrides, defaults, fields))
 
-
-@register_model("bert-tiny")
-def bert_tiny(**overrides: Any) -> nn.Module:
-    from transformers import BertConfig, BertForSequenceClassification
-
-    config = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=64)
-    config.update(max_position_embeddings=32, num_labels=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return BertForSequenceClassification(BertConfig(**{**config, **overrides}))
+    return factory
 
 
-@register_model("roformer-tiny")
-def roformer_tiny(**overrides: Any) -> nn.Module:
-    from transformers import RoFormerConfig, RoFormerForSequenceClassification
-
-    config = dict(hidden_size=32, embedding_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-    config.update(
-        vocab_size=64,
-        max_position_embeddings=32,
-        num_labels=4,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return RoFormerForSequenceClassification(RoFormerConfig(**{**config, **overrides}))
+def _lm_fields(positions: str):
+    return lambda data: {"vocab_size": data.get("num_classes"), positions: data.get("sequence_length")}
 
 
-@register_model("llama-tiny")
-def llama_tiny(**overrides: Any) -> nn.Module:
-    """Llama with grouped-query attention: 4 query heads share 2 KV heads."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = dict(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64
-    )
-    config.update(vocab_size=64, max_position_embeddings=32, bos_token_id=0, eos_token_id=0)
-    return LlamaForCausalLM(LlamaConfig(**{**config, **overrides}))
+def _encoder_fields(data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "vocab_size": data.get("vocab_size"),
+        "num_labels": data.get("num_classes"),
+        "max_position_embeddings": data.get("sequence_length"),
+    }
 
 
-@register_model("vit-tiny")
-def vit_tiny(**overrides: Any) -> nn.Module:
-    """timm ``VisionTransformer`` (fused qkv, learned APE) on 8x8 grey images."""
-    import timm
+_TINY = dict(width=32, depth=2, num_heads=4)
+_PAPER = dict(width=256, depth=6, num_heads=4)  # the paper's 6-layer, 4-head ViT / BERT
+_NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+_GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+_VIT = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10)
 
-    config = dict(img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=2, num_heads=4, num_classes=10)
-    return timm.create_model("vit_tiny_patch16_224", pretrained=False, **{**config, **overrides})
-
-
-@register_model("rope-vit-tiny")
-def rope_vit_tiny(**overrides: Any) -> nn.Module:
-    """timm RoPE ViT (``Eva``, 2-D axial RoPE, class token unrotated) on 8x8 grey images."""
-    import timm
-
-    config = dict(img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=2, num_heads=4, num_classes=10)
-    return timm.create_model("vit_base_patch16_rope_224", pretrained=False, **{**config, **overrides})
-
-
-@register_model("eva02-tiny")
-def eva02_tiny(**overrides: Any) -> nn.Module:
-    """timm EVA-02 (``EvaAttention`` with separate q/v biases, gated MLP, APE plus 2-D RoPE)."""
-    import timm
-
-    config = dict(img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=2, num_heads=4, num_classes=10)
-    return timm.create_model("eva02_tiny_patch14_224", pretrained=False, **{**config, **overrides})
+_FAMILIES: dict[str, Callable[..., nn.Module]] = {
+    # Tiny variants: tests, demos and configs/debug.
+    "reference-tiny": _reference(dict(task="causal_lm", vocab_size=64, max_positions=32, **_TINY)),
+    "reference-vit-tiny": _reference(dict(task="image_classification", image_size=8, patch_size=2, **_TINY)),
+    "reference-bert-tiny": _reference(
+        dict(task="sequence_classification", vocab_size=64, max_positions=32, num_classes=4, **_TINY)
+    ),
+    "gpt2-tiny": _hf(
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=32, **_GPT2),
+        _lm_fields("n_positions"),
+    ),
+    "bert-tiny": _hf(
+        "BertConfig",
+        "BertForSequenceClassification",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=32,
+            num_labels=4,
+            **_NO_DROPOUT,
+        ),
+        _encoder_fields,
+    ),
+    "roformer-tiny": _hf(
+        "RoFormerConfig",
+        "RoFormerForSequenceClassification",
+        dict(
+            hidden_size=32,
+            embedding_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=32,
+            num_labels=4,
+            **_NO_DROPOUT,
+        ),
+        _encoder_fields,
+    ),
+    "llama-tiny": _hf(
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=32,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+        _lm_fields("max_position_embeddings"),
+    ),
+    "vit-tiny": _timm("vit_tiny_patch16_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
+    "rope-vit-tiny": _timm("vit_base_patch16_rope_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
+    "eva02-tiny": _timm("eva02_tiny_patch14_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
+    # The paper's settings (6 layers, 4 heads), sized to the data by ``data``.
+    "reference-vit": _reference(dict(task="image_classification", patch_size=2, **_PAPER)),
+    "reference-bert": _reference(dict(task="sequence_classification", max_positions=128, **_PAPER)),
+    "reference-gpt": _reference(dict(task="causal_lm", max_positions=256, **_PAPER)),
+    "vit": _timm("vit_tiny_patch16_224", dict(embed_dim=256, depth=6, num_heads=4, patch_size=4)),
+    "rope-vit": _timm("vit_base_patch16_rope_224", dict(embed_dim=256, depth=6, num_heads=4, patch_size=4)),
+    "gpt2": _hf(
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(n_embd=256, n_layer=6, n_head=4, n_positions=256, **_GPT2),
+        _lm_fields("n_positions"),
+    ),
+    "llama": _hf(
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=256,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=688,
+            max_position_embeddings=256,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+        _lm_fields("max_position_embeddings"),
+    ),
+    "bert": _hf(
+        "BertConfig",
+        "BertForSequenceClassification",
+        dict(
+            hidden_size=256,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            max_position_embeddings=128,
+            **_NO_DROPOUT,
+        ),
+        _encoder_fields,
+    ),
+    "roformer": _hf(
+        "RoFormerConfig",
+        "RoFormerForSequenceClassification",
+        dict(
+            hidden_size=256,
+            embedding_size=256,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            max_position_embeddings=128,
+            **_NO_DROPOUT,
+        ),
+        _encoder_fields,
+    ),
+}
+for _name, _factory in _FAMILIES.items():
+    register_model(_name)(_factory)

@@ -66,14 +66,16 @@ def scope_blocks(spec: SymmetrySpec, scope: str) -> tuple[list[int], list[int], 
 def scope_parameters(model: nn.Module, scope: str) -> list[str]:
     """Names of the parameters a scope re-initializes (SPEC section 5), in model order.
 
-    ``full_model`` is every parameter; the others are the attention layers' projections and
-    biases, plus for ``first_block`` the first feed-forward network.
+    ``full_model`` is every parameter but the architecture's constants (``spec.fixed``); the
+    others are the attention layers' projections and biases, plus for ``first_block`` the
+    first feed-forward network.
     """
     spec = model_spec(model)
     attention, feed_forward, whole = scope_blocks(spec, scope)
     owned = {p for i in attention for p in spec.blocks[i].attention.parameters}
     owned |= {p for i in feed_forward for p in spec.blocks[i].feed_forward.parameters}
-    return [name for name, _ in model.named_parameters() if whole or name in owned]
+    fixed = set(spec.fixed)
+    return [name for name, _ in model.named_parameters() if (whole and name not in fixed) or name in owned]
 
 
 def sample_transform(spec: SymmetrySpec, scope: str, generator: torch.Generator) -> ModelTransform:

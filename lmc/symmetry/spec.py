@@ -201,11 +201,14 @@ class SymmetrySpec:
             sinusoidal position table held as a buffer) is added to the stream and so no
             non-trivial permutation of it is a symmetry.
         residual_note: Why ``residual`` is ``None``, for error messages.
+        fixed: Parameters that are constants of the architecture, never trained nor
+            re-initialized (RoFormer's sinusoidal table is stored as a frozen parameter).
     """
 
     blocks: tuple[BlockSpec, ...]
     residual: AxisPermutation | None = None
     residual_note: str = field(default="", compare=False)
+    fixed: tuple[str, ...] = ()
 
     @property
     def attention(self) -> tuple[AttentionSpec, ...]:

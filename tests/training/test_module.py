@@ -1,0 +1,135 @@
+"""LMCModule: re-initialization strategies freeze everything else, bit for bit."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from lmc.checkpoints import CheckpointError
+from lmc.data import Digits, PythonDocsLM, PythonTextKinds
+from lmc.symmetry import SCOPES, scope_parameters
+from lmc.training import LMCModule
+
+BACKBONES = {
+    "reference-vit-tiny": Digits,
+    "vit-tiny": Digits,
+    "rope-vit-tiny": Digits,
+    "gpt2-tiny": PythonDocsLM,
+    "llama-tiny": PythonDocsLM,
+    "bert-tiny": PythonTextKinds,
+    "roformer-tiny": PythonTextKinds,
+}
+
+
+def _trainer(tmp_path, steps: int = 3) -> L.Trainer:
+    return L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+
+
+@pytest.fixture(scope="module")
+def pretrained_checkpoints(tmp_path_factory):
+    """One briefly pre-trained checkpoint per backbone."""
+    paths = {}
+    for name, data_class in BACKBONES.items():
+        data = data_class(batch_size=16)
+        module = LMCModule(name, data=data.describe())
+        trainer = _trainer(tmp_path_factory.mktemp(name), steps=2)
+        trainer.fit(module, data)
+        paths[name] = tmp_path_factory.mktemp("ckpt") / f"{name}.ckpt"
+        trainer.save_checkpoint(paths[name])
+    return paths
+
+
+def _weights(module: LMCModule) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.model.named_parameters()}
+
+
+@pytest.mark.parametrize("strategy", SCOPES)
+@pytest.mark.parametrize("name", list(BACKBONES))
+def test_only_reinitialized_parameters_train(name, strategy, pretrained_checkpoints, tmp_path):
+    data = BACKBONES[name](batch_size=16)
+    module = LMCModule(
+        name, data=data.describe(), strategy=strategy, reinit_seed=1, pretrained=str(pretrained_checkpoints[name])
+    )
+    pretrained = LMCModule(name, data=data.describe(), pretrained=str(pretrained_checkpoints[name]))
+    chosen = set(scope_parameters(module.model, strategy))
+    start = _weights(module)
+
+    assert {n for n, p in module.model.named_parameters() if p.requires_grad} == chosen
+    for n, value in _weights(pretrained).items():  # re-initialized = changed, the rest = the checkpoint's
+        assert torch.equal(start[n], value) == (n not in chosen), n
+    _trainer(tmp_path).fit(module, data)
+
+    optimizer = module.trainer.optimizers[0]
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert in_optimizer == {id(p) for n, p in module.model.named_parameters() if n in chosen}
+    for n, value in _weights(module).items():
+        if n in chosen:
+            assert not torch.equal(value, start[n]), f"{n} did not train"
+        else:
+            assert torch.equal(value, start[n]), f"frozen {n} changed"
+
+
+@pytest.mark.parametrize("strategy", ["first_attention", "first_block"])
+def test_two_seeds_differ_only_in_the_reinitialized_parameters(strategy, pretrained_checkpoints, tmp_path):
+    name = "llama-tiny"
+    data = BACKBONES[name](batch_size=16)
+    runs = []
+    for seed in (0, 1):
+        module = LMCModule(
+            name,
+            data=data.describe(),
+            strategy=strategy,
+            reinit_seed=seed,
+            pretrained=str(pretrained_checkpoints[name]),
+        )
+        _trainer(tmp_path / str(seed)).fit(module, data)
+        runs.append(_weights(module))
+    chosen = set(scope_parameters(module.model, strategy))
+    differing = {n for n in runs[0] if not torch.equal(runs[0][n], runs[1][n])}
+    assert differing == chosen
+
+
+def test_same_seed_reinitializes_identically(pretrained_checkpoints):
+    data = Digits()
+    path = str(pretrained_checkpoints["vit-tiny"])
+    a = LMCModule("vit-tiny", data=data.describe(), strategy="all_attention", reinit_seed=3, pretrained=path)
+    b = LMCModule("vit-tiny", data=data.describe(), strategy="all_attention", reinit_seed=3, pretrained=path)
+    assert all(torch.equal(x, y) for x, y in zip(_weights(a).values(), _weights(b).values()))
+
+
+def test_bad_configuration_is_refused(pretrained_checkpoints):
+    with pytest.raises(ValueError, match="strategy='first_layer'; choose None"):
+        LMCModule("vit-tiny", strategy="first_layer")
+    with pytest.raises(ValueError, match="set pretrained to its checkpoint"):
+        LMCModule("vit-tiny", strategy="first_attention")
+    with pytest.raises(ValueError, match="unknown model 'resnet'"):
+        LMCModule("resnet")
+    with pytest.raises(CheckpointError, match="does not fit VisionTransformer.*shape"):
+        LMCModule(
+            "vit-tiny",
+            model_config={"embed_dim": 48},
+            data=Digits().describe(),
+            pretrained=str(pretrained_checkpoints["vit-tiny"]),
+        )
+    with pytest.raises(CheckpointError, match="does not exist"):
+        LMCModule("vit-tiny", pretrained="/nonexistent/model.ckpt")
+
+
+def test_language_model_logs_bits_per_token(tmp_path):
+    data = PythonDocsLM(batch_size=8, sequence_length=16)
+    module = LMCModule("reference-tiny", data=data.describe())
+    trainer = _trainer(tmp_path, steps=1)
+    trainer.validate(module, data, verbose=False)
+    metrics = trainer.callback_metrics
+    assert torch.isclose(metrics["val/bits_per_token"], metrics["val/loss"] / torch.log(torch.tensor(2.0)))
