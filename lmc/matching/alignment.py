@@ -21,18 +21,24 @@ import torch
 from torch import nn
 
 from lmc.adapters import adapter_for
-from lmc.matching.attention import METRICS, LayerGrams, Stage2Options, assign_heads, attention_stages, head_cost
+from lmc.matching.attention import (
+    METRICS,
+    LayerGrams,
+    Stage2Options,
+    assign_heads,
+    attention_stages,
+    head_cost,
+    stage_distances,
+)
 from lmc.matching.permutation import axis_correlation, best_permutation
 from lmc.symmetry import (
     SCOPES,
-    AttentionWeights,
     ModelTransform,
     SymmetrySpec,
+    head_rows,
     model_spec,
-    read_attention,
     scope_blocks,
     scope_parameters,
-    transform_attention,
 )
 
 METHODS = ("naive", "permutation", "orthogonal", "full")
@@ -151,12 +157,13 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: str) -> SymmetrySpe
     return spec
 
 
-def _distance(a: AttentionWeights, b: AttentionWeights) -> float:
-    total = sum(
-        float((getattr(a, f) - getattr(b, f)).double().pow(2).sum())
-        for f in ("query", "key", "value", "out", "query_bias", "key_bias", "value_bias")
-        if getattr(a, f) is not None
-    )
+def _layer_distance(source: dict, target: dict, layer) -> float:
+    """Distance over the layer's per-head weights and biases (elementwise on views: no GEMM)."""
+    total = 0.0
+    for name in ("query", "key", "value", "out", "query_bias", "key_bias", "value_bias"):
+        rows = head_rows(source, layer, name)
+        if rows is not None:
+            total += float((rows - head_rows(target, layer, name)).double().pow(2).sum())
     return total**0.5
 
 
@@ -169,10 +176,15 @@ class _Aligner:
     """State of one alignment: the working copy, the target, the accumulated transform."""
 
     def __init__(self, source: nn.Module, target: nn.Module, spec: SymmetrySpec, report: AlignmentReport, options):
-        self.working = copy.deepcopy(source)
+        shared = {}
+        if options["share_frozen"] and report.scope != "full_model":
+            # Parameters outside the scope never change (and equal the target's): share, don't copy.
+            free = set(scope_parameters(source, report.scope))
+            shared = {id(p): p for name, p in source.named_parameters() if name not in free}
+        self.working = copy.deepcopy(source, shared)
         self.parameters = dict(self.working.named_parameters())
         self.target = dict(target.named_parameters())
-        self.original = {name: p.detach().clone() for name, p in source.named_parameters()}
+        self.original = dict(source.named_parameters())  # read only
         self.spec = spec
         self.report = report
         self.metric = options["metric"]
@@ -187,7 +199,7 @@ class _Aligner:
         layer = self.spec.blocks[index].attention
         seconds = {}
         start = time.perf_counter()
-        grams = LayerGrams.compute(read_attention(self.parameters, layer), read_attention(self.target, layer))
+        grams = LayerGrams.compute(self.parameters, self.target, layer)
         seconds["grams"] = time.perf_counter() - start
         start = time.perf_counter()
         cost = head_cost(grams, layer, self.metric, self.report.method == "full", self.stage2)
@@ -212,11 +224,8 @@ class _Aligner:
         start = time.perf_counter()
         stages = attention_stages(grams, layer, match, kv_match, self.report.method, self.stage2)
         seconds["stage2"] = time.perf_counter() - start
-        source = read_attention(self.parameters, layer)
-        target = read_attention(self.target, layer)
-        distance = {"naive": _distance(read_attention(self.original, layer), target)}
-        for stage, element in stages.items():
-            distance[stage] = _distance(transform_attention(source, element), target)
+        distance = {"naive": _layer_distance(self.original, self.target, layer)}
+        distance.update(stage_distances(grams, layer, match, kv_match, stages))
         self.apply(ModelTransform(attention={index: stages[self.report.method]}))
         overall = self.report.transform.attention[index]
         self.report.layers.append(
@@ -299,7 +308,10 @@ def align(
         **options: ``metric`` (Stage 1 cost: ``"invariant"``, ``"weight"``, ``"correlation"``),
             ``steps``, ``lr``, ``tolerance`` (Stage 2 L-BFGS), ``max_iterations`` (coordinate
             descent rounds for ``full_model``), ``check_rtol`` (probe tolerance; default 1e-6 in
-            float64, 1e-3 in float32, 3e-2 below), ``probe_batch_size``, ``seed``.
+            float64, 1e-3 in float32, 3e-2 below), ``probe_batch_size``, ``seed``,
+            ``share_frozen`` (default ``True``: outside ``full_model`` the aligned module shares
+            the parameters outside the scope with ``source`` instead of copying them; they are
+            unchanged by construction. Pass ``False`` for a fully independent copy).
 
     Returns:
         ``(aligned, report)``: a new module computing the same function as ``source``.
@@ -308,8 +320,9 @@ def align(
         AlignmentError: The pair cannot be aligned (architectures, frozen parameters, NaN/Inf),
             or the result is not a symmetry of ``source`` on the probe (a bug, never a result).
     """
-    defaults = dict(metric="invariant", steps=500, lr=1.0, tolerance=1e-12, max_iterations=20)
-    defaults.update(check_rtol=None, probe_batch_size=2, seed=0)
+    stage2 = Stage2Options()
+    defaults = dict(metric="invariant", steps=stage2.steps, lr=stage2.lr, tolerance=stage2.tolerance, max_iterations=20)
+    defaults.update(check_rtol=None, probe_batch_size=2, seed=0, share_frozen=True)
     unknown = options.keys() - defaults.keys()
     if unknown:
         raise AlignmentError(f"unknown option(s) {sorted(unknown)}; valid options: {', '.join(defaults)}")

@@ -17,13 +17,14 @@ for ``B`` (since ``B^{-1} W_O = (W_O^T B^{-T})^T``); ``A = X^T X`` and ``G = X^T
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from lmc.symmetry import AttentionSpec, AttentionTransform, AttentionWeights, TiedGroup, qk_group, vo_group
+from lmc.symmetry import AttentionSpec, AttentionTransform, TiedGroup, head_rows, qk_group, vo_group
 
 METRICS = ("invariant", "weight", "correlation")
 
@@ -33,45 +34,46 @@ class Stage2Options:
     """Gradient refinement of Stage 2 (L-BFGS with strong-Wolfe line search, float64).
 
     Attributes:
-        steps: Most L-BFGS iterations.
+        steps: Most L-BFGS iterations. Independent pairs gain little after a few dozen (see
+            ``benchmarks/``); planted pairs converge superlinearly well before.
         lr: L-BFGS step size (1 is the natural quasi-Newton step).
-        tolerance: Stop when the gradient's largest entry falls below this (the objective is
-            scaled by the target's squared norm).
+        tolerance: Stop when the largest gradient entry falls below this (each objective is
+            scaled by its target's squared norm).
     """
 
-    steps: int = 500
+    steps: int = 100
     lr: float = 1.0
     tolerance: float = 1e-12
 
 
-def _stacked(per_head: torch.Tensor) -> torch.Tensor:
-    """``(n, rows, d_h)`` -> ``(rows, n * d_h)``: head ``i`` owns columns ``i*d_h:(i+1)*d_h``."""
-    return per_head.permute(1, 0, 2).reshape(per_head.shape[1], -1)
+def _cross(rows: torch.Tensor, rows_target: torch.Tensor, bias, bias_target, head_dim: int) -> torch.Tensor:
+    """All blocks ``X_i^T X'_j`` (bias row included) as a ``(n, d_h, n', d_h)`` view: block ``[i, :, j, :]``.
 
-
-def _cross(a: torch.Tensor, b: torch.Tensor, a_bias: torch.Tensor | None, b_bias: torch.Tensor | None) -> torch.Tensor:
-    """All blocks of ``[A; a_bias]^T [B; b_bias]``, shape ``(n_a, n_b, d_h, d_h)`` (one GEMM)."""
-    gram = _stacked(a).T @ _stacked(b)
-    if a_bias is not None:
-        gram = gram + a_bias.reshape(-1, 1) * b_bias.reshape(1, -1)
-    n_a, n_b, d_h = a.shape[0], b.shape[0], a.shape[2]
-    return gram.reshape(n_a, d_h, n_b, d_h).transpose(1, 2)
-
-
-def _self(a: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Diagonal blocks ``[A_i; b_i]^T [A_i; b_i]``, shape ``(n, d_h, d_h)``."""
-    gram = a.mT @ a
+    One GEMM of the ``(n d_h, d)`` row-stacked views.
+    """
+    gram = rows @ rows_target.T
     if bias is not None:
-        gram = gram + bias[:, :, None] * bias[:, None, :]
+        gram = gram + bias[:, None] * bias_target[None, :]
+    return gram.unflatten(1, (-1, head_dim)).unflatten(0, (-1, head_dim))
+
+
+def _self(rows: torch.Tensor, bias: torch.Tensor | None, head_dim: int) -> torch.Tensor:
+    """Diagonal blocks ``X_i^T X_i``, shape ``(n, d_h, d_h)`` (batched, no copy of the weights)."""
+    blocks = rows.unflatten(0, (-1, head_dim))
+    gram = blocks @ blocks.mT
+    if bias is not None:
+        per_head = bias.unflatten(0, (-1, head_dim))
+        gram = gram + per_head[:, :, None] * per_head[:, None, :]
     return gram
 
 
 @dataclass
 class LayerGrams:
-    """The Gram blocks of one (source, target) layer pair, in float64.
+    """The Gram blocks of one (source, target) layer pair, in the weights' dtype.
 
-    ``*_cross[i, j] = X_i^T X'_j``; ``*_source[i] = X_i^T X_i``; ``*_target[j] = X'_j^T X'_j``.
-    ``key_mean_*`` are the means over the ``d`` input rows of each key head (for row-centring).
+    ``*_cross[i, :, j, :] = X_i^T X'_j``; ``*_source[i] = X_i^T X_i``; ``*_target[j] = X'_j^T X'_j``
+    (``X = [W; b]`` per head, ``X = W_O^T`` for the output). ``key_mean_*`` are the means over
+    the ``d`` input rows of each key head (for row-centring).
     """
 
     query_cross: torch.Tensor
@@ -91,28 +93,23 @@ class LayerGrams:
     width: int
 
     @classmethod
-    def compute(cls, source: AttentionWeights, target: AttentionWeights) -> LayerGrams:
-        if (source.key_bias is None) != (target.key_bias is None):
-            raise ValueError("source and target differ in which biases they have")
-        # The d-sized GEMMs run in the weights' dtype (the cost floor); the small blocks in float64.
-        out_s, out_t = source.out.mT, target.out.mT  # (h, d, d_h): B^{-1} W_O = (W_O^T B^{-T})^T
-        grams = {
-            "query_cross": _cross(source.query, target.query, source.query_bias, target.query_bias),
-            "key_cross": _cross(source.key, target.key, source.key_bias, target.key_bias),
-            "value_cross": _cross(source.value, target.value, source.value_bias, target.value_bias),
-            "out_cross": _cross(out_s, out_t, None, None),
-            "query_source": _self(source.query, source.query_bias),
-            "key_source": _self(source.key, source.key_bias),
-            "value_source": _self(source.value, source.value_bias),
-            "out_source": _self(out_s, None),
-            "query_target": _self(target.query, target.query_bias),
-            "key_target": _self(target.key, target.key_bias),
-            "value_target": _self(target.value, target.value_bias),
-            "out_target": _self(out_t, None),
-            "key_mean_source": source.key.mean(dim=1),
-            "key_mean_target": target.key.mean(dim=1),
-        }
-        return cls(**{name: value.double() for name, value in grams.items()}, width=source.key.shape[1])
+    def compute(
+        cls, source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], spec: AttentionSpec
+    ) -> LayerGrams:
+        """From the two models' parameters (``dict(model.named_parameters())``), reading views only."""
+        d_h = spec.head_dim
+        grams: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name in ("query", "key", "value", "out"):
+                rows_s, rows_t = head_rows(source, spec, name), head_rows(target, spec, name)
+                bias_s = head_rows(source, spec, f"{name}_bias") if name != "out" else None
+                bias_t = head_rows(target, spec, f"{name}_bias") if name != "out" else None
+                grams[f"{name}_cross"] = _cross(rows_s, rows_t, bias_s, bias_t, d_h)
+                grams[f"{name}_source"] = _self(rows_s, bias_s, d_h)
+                grams[f"{name}_target"] = _self(rows_t, bias_t, d_h)
+            grams["key_mean_source"] = head_rows(source, spec, "key").mean(dim=1).unflatten(0, (-1, d_h))
+            grams["key_mean_target"] = head_rows(target, spec, "key").mean(dim=1).unflatten(0, (-1, d_h))
+        return cls(**grams, width=spec.width)
 
     def centred_key(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Key Grams with each head's weight rows centred: the part of ``W_Q W_K^T`` softmax keeps.
@@ -122,10 +119,14 @@ class LayerGrams:
         """
         d = self.width
         ms, mt = self.key_mean_source, self.key_mean_target
-        cross = self.key_cross - d * ms[:, None, :, None] * mt[None, :, None, :]
+        cross = self.key_cross - d * ms[:, :, None, None] * mt[None, None, :, :]
         source = self.key_source - d * ms[:, :, None] * ms[:, None, :]
         target = self.key_target - d * mt[:, :, None] * mt[:, None, :]
         return cross, source, target
+
+    def block(self, name: str, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Cross blocks ``[rows[k], :, cols[k], :]``, shape ``(len(rows), d_h, d_h)``, in float64."""
+        return getattr(self, f"{name}_cross")[rows, :, cols, :].double()
 
 
 def _frobenius_inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -142,18 +143,22 @@ def invariant_products(grams: LayerGrams, queries_per_kv: int) -> dict[str, torc
         ``vo_source``, ``vo_target`` of shape ``(h,)``.
     """
     key_cross, key_source, key_target = grams.centred_key()
+    q = queries_per_kv
 
     def per_query(kv: torch.Tensor) -> torch.Tensor:  # expand KV-group blocks to query heads
-        kv = kv.repeat_interleave(queries_per_kv, 0)
-        return kv.repeat_interleave(queries_per_kv, 1) if kv.ndim == 4 else kv
+        kv = kv.repeat_interleave(q, 0)
+        return kv.repeat_interleave(q, 2) if kv.ndim == 4 else kv
+
+    def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # (n, d_h, n', d_h) blocks -> (n, n')
+        return torch.einsum("iajb,iajb->ij", a, b).double()
 
     return {
-        "qk_cross": _frobenius_inner(grams.query_cross, per_query(key_cross)),
-        "vo_cross": _frobenius_inner(per_query(grams.value_cross), grams.out_cross),
-        "qk_source": _frobenius_inner(grams.query_source, per_query(key_source)),
-        "qk_target": _frobenius_inner(grams.query_target, per_query(key_target)),
-        "vo_source": _frobenius_inner(per_query(grams.value_source), grams.out_source),
-        "vo_target": _frobenius_inner(per_query(grams.value_target), grams.out_target),
+        "qk_cross": cross(grams.query_cross, per_query(key_cross)),
+        "vo_cross": cross(per_query(grams.value_cross), grams.out_cross),
+        "qk_source": _frobenius_inner(grams.query_source, per_query(key_source)).double(),
+        "qk_target": _frobenius_inner(grams.query_target, per_query(key_target)).double(),
+        "vo_source": _frobenius_inner(per_query(grams.value_source), grams.out_source).double(),
+        "vo_target": _frobenius_inner(per_query(grams.value_target), grams.out_target).double(),
     }
 
 
@@ -185,6 +190,10 @@ def head_cost(
     return -(qk + vo)
 
 
+def _trace(blocks: torch.Tensor) -> torch.Tensor:
+    return blocks.diagonal(dim1=-2, dim2=-1).sum(-1).double()
+
+
 def _pairwise_stage2_distance(
     grams: LayerGrams, spec: AttentionSpec, refine_candidates: bool, options: Stage2Options
 ) -> torch.Tensor:
@@ -194,20 +203,18 @@ def _pairwise_stage2_distance(
     rows, cols = rows.flatten(), cols.flatten()
     gs, gt = kv_of[rows], kv_of[cols]
     qk_problem = Stage2Problem(
-        grams.query_source[rows],
-        grams.query_cross[rows, cols],
-        grams.key_source[gs],
-        grams.key_cross[gs, gt],
-        grams.query_target[cols].diagonal(dim1=-2, dim2=-1).sum(-1)
-        + grams.key_target[gt].diagonal(dim1=-2, dim2=-1).sum(-1),
+        grams.query_source[rows].double(),
+        grams.block("query", rows, cols),
+        grams.key_source[gs].double(),
+        grams.block("key", gs, gt),
+        _trace(grams.query_target[cols]) + _trace(grams.key_target[gt]),
     )
     vo_problem = Stage2Problem(
-        grams.value_source[gs],
-        grams.value_cross[gs, gt],
-        grams.out_source[rows],
-        grams.out_cross[rows, cols],
-        grams.value_target[gt].diagonal(dim1=-2, dim2=-1).sum(-1)
-        + grams.out_target[cols].diagonal(dim1=-2, dim2=-1).sum(-1),
+        grams.value_source[gs].double(),
+        grams.block("value", gs, gt),
+        grams.out_source[rows].double(),
+        grams.block("out", rows, cols),
+        _trace(grams.value_target[gt]) + _trace(grams.out_target[cols]),
     )
     total = torch.zeros(h * h, dtype=torch.float64)
     for problem, group in ((qk_problem, qk_group(spec)), (vo_problem, vo_group(spec))):
@@ -261,17 +268,28 @@ class Stage2Problem:
     target_norm: torch.Tensor
 
     def objective(self, c: torch.Tensor) -> torch.Tensor:
-        """``F(C)`` per problem, shape ``(n,)``."""
-        d = torch.linalg.inv(c).mT
-        return _quadratic(c, self.a_x, self.g_x) + _quadratic(d, self.a_y, self.g_y)
+        """``F(C)`` per problem, shape ``(n,)``; ``inf`` where ``C`` is singular."""
+        return self.value_and_gradient(c, gradient=False)[0]
+
+    def value_and_gradient(self, c: torch.Tensor, gradient: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``F(C)`` and ``dF/dC`` in closed form (no autograd: this is the inner loop).
+
+        With ``D = C^{-T}`` and ``M = 2 (A_Y D - G_Y)`` (the gradient of the ``D`` term in ``D``),
+        ``dF/dC = 2 (A_X C - G_X) - D M^T D``.
+        """
+        inverse, info = torch.linalg.inv_ex(c)
+        d = inverse.mT
+        ax_c, ay_d = self.a_x @ c, self.a_y @ d
+        value = _frobenius_inner(c, ax_c - 2 * self.g_x) + _frobenius_inner(d, ay_d - 2 * self.g_y)
+        value = torch.where(info == 0, value, torch.inf)
+        if not gradient:
+            return value, None
+        m = 2 * (ay_d - self.g_y)
+        return value, 2 * (ax_c - self.g_x) - d @ m.mT @ d
 
     def distance(self, c: torch.Tensor) -> torch.Tensor:
         """Squared weight distance after applying ``C``, shape ``(n,)``."""
         return (self.objective(c) + self.target_norm).clamp(min=0)
-
-
-def _quadratic(z: torch.Tensor, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    return _frobenius_inner(z, a @ z) - 2 * _frobenius_inner(z, g)
 
 
 def orthogonal_start(problem: Stage2Problem, group: TiedGroup) -> torch.Tensor:
@@ -283,45 +301,62 @@ def orthogonal_start(problem: Stage2Problem, group: TiedGroup) -> torch.Tensor:
     return group.nearest_orthogonal(problem.g_x + problem.g_y)
 
 
-def refine(problem: Stage2Problem, group: TiedGroup, start: torch.Tensor, options: Stage2Options) -> torch.Tensor:
-    """Minimize ``F`` from ``start`` by L-BFGS on the group's coordinates (float64, batched).
+def refine(
+    problems: list[Stage2Problem], groups: list[TiedGroup], starts: list[torch.Tensor], options: Stage2Options
+) -> list[torch.Tensor]:
+    """Minimize every ``F`` from its start by one L-BFGS run over all problems' group coordinates.
 
-    Every iterate lies in the group by construction, and ``F`` grows without bound as ``C``
-    nears a singular matrix, which keeps the iterates invertible.
+    The problems are independent, so one run over the concatenated coordinates (the sum of the
+    objectives, each scaled by its target's squared norm) solves them all at the cost of one
+    optimizer loop. Every iterate lies in its group by construction, and ``F`` grows without
+    bound as ``C`` nears a singular matrix, which keeps the iterates invertible.
+
+    Returns:
+        The refined ``C`` of each problem, float64; never worse than its start.
     """
     if options.steps == 0:
-        return start
-    scale = problem.target_norm.clamp(min=torch.finfo(torch.float64).tiny)
-    coordinates = group.to_coordinates(start).clone().requires_grad_(True)
+        return starts
+    scales = [p.target_norm.clamp(min=torch.finfo(torch.float64).tiny)[:, None, None] for p in problems]
+    pieces = [g.to_coordinates(c) for g, c in zip(groups, starts)]
+    sizes = [piece.numel() for piece in pieces]
+    coordinates = torch.cat([piece.flatten() for piece in pieces])
     optimizer = torch.optim.LBFGS(
         [coordinates],
         lr=options.lr,
         max_iter=options.steps,
         tolerance_grad=options.tolerance,
-        tolerance_change=1e-15,
+        tolerance_change=1e-15,  # near float64 resolution: planted pairs must converge fully
         history_size=20,
         line_search_fn="strong_wolfe",
     )
 
+    def unpack() -> list[torch.Tensor]:
+        chunks = coordinates.split(sizes)
+        return [g.from_coordinates(chunk.view_as(piece)) for g, chunk, piece in zip(groups, chunks, pieces)]
+
     def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = (problem.objective(group.from_coordinates(coordinates)) / scale).sum()
-        if not torch.isfinite(loss):  # a trial step reached a singular C: reject it
-            return torch.tensor(float("inf"), dtype=torch.float64)
-        loss.backward()
+        loss = torch.zeros((), dtype=torch.float64)
+        gradients = []
+        for problem, group, scale, c in zip(problems, groups, scales, unpack()):
+            value, gradient = problem.value_and_gradient(c)
+            loss = loss + (value / scale[:, 0, 0]).sum()  # inf at a singular trial step: the line search backs off
+            gradients.append(group.coordinate_gradient(gradient / scale).flatten())
+        coordinates.grad = torch.cat(gradients)
         return loss
 
     optimizer.step(closure)
-    refined = group.from_coordinates(coordinates.detach())
     # The line search only accepts decreases; still, never return a worse element than the start.
-    better = problem.objective(refined) <= problem.objective(start)
-    return torch.where(better[:, None, None], refined, start)
+    refined = []
+    for problem, start, c in zip(problems, starts, unpack()):
+        better = problem.objective(c) <= problem.objective(start)
+        refined.append(torch.where(better[:, None, None], c, start))
+    return refined
 
 
 def solve_stage2(problem: Stage2Problem, group: TiedGroup, refine_steps: bool, options: Stage2Options) -> torch.Tensor:
     """Orthogonal start, then (``refine_steps``) the gradient refinement; ``(n, d_h, d_h)`` float64."""
     start = orthogonal_start(problem, group)
-    return refine(problem, group, start, options) if refine_steps else start
+    return refine([problem], [group], [start], options)[0] if refine_steps else start
 
 
 def stage2_problems(
@@ -341,25 +376,34 @@ def stage2_problems(
     def per_group(blocks: torch.Tensor) -> torch.Tensor:  # (h, ...) -> (h_kv, ...) summed over served heads
         return blocks.reshape(h_kv, q, *blocks.shape[1:]).sum(dim=1)
 
-    def trace(blocks: torch.Tensor) -> torch.Tensor:
-        return blocks.diagonal(dim1=-2, dim2=-1).sum(-1)
-
     kv_targets = torch.arange(h_kv)
     qk = Stage2Problem(
-        a_x=per_group(grams.query_source[source_of]),
-        g_x=per_group(grams.query_cross[source_of, targets]),
-        a_y=grams.key_source[kv_source_of],
-        g_y=grams.key_cross[kv_source_of, kv_targets],
-        target_norm=per_group(trace(grams.query_target)) + trace(grams.key_target),
+        a_x=per_group(grams.query_source[source_of].double()),
+        g_x=per_group(grams.block("query", source_of, targets)),
+        a_y=grams.key_source[kv_source_of].double(),
+        g_y=grams.block("key", kv_source_of, kv_targets),
+        target_norm=per_group(_trace(grams.query_target)) + _trace(grams.key_target),
     )
     vo = Stage2Problem(
-        a_x=grams.value_source[kv_source_of],
-        g_x=grams.value_cross[kv_source_of, kv_targets],
-        a_y=per_group(grams.out_source[source_of]),
-        g_y=per_group(grams.out_cross[source_of, targets]),
-        target_norm=trace(grams.value_target) + per_group(trace(grams.out_target)),
+        a_x=grams.value_source[kv_source_of].double(),
+        g_x=grams.block("value", kv_source_of, kv_targets),
+        a_y=per_group(grams.out_source[source_of].double()),
+        g_y=per_group(grams.block("out", source_of, targets)),
+        target_norm=_trace(grams.value_target) + per_group(_trace(grams.out_target)),
     )
     return qk, vo
+
+
+def stage_distances(
+    grams: LayerGrams, spec: AttentionSpec, match: torch.Tensor, kv_match: torch.Tensor, stages: dict
+) -> dict[str, float]:
+    """Distance to the target over the layer's per-head weights and biases after each stage, from the Grams."""
+    problems = stage2_problems(grams, spec, match, kv_match)
+    distances = {}
+    for stage, element in stages.items():
+        squared = sum(float(p.distance(c).sum()) for p, c in zip(problems, (element.qk.double(), element.vo.double())))
+        distances[stage] = squared**0.5
+    return distances
 
 
 def attention_stages(
@@ -385,6 +429,6 @@ def attention_stages(
     starts = [orthogonal_start(problem, group) for problem, group in zip(problems, groups)]
     stages["orthogonal"] = AttentionTransform(query_permutation, kv_permutation, *starts)
     if last_stage == "full":
-        refined = [refine(p, g, start, options) for p, g, start in zip(problems, groups, starts)]
+        refined = refine(list(problems), list(groups), starts, options)
         stages["full"] = AttentionTransform(query_permutation, kv_permutation, *refined)
     return stages

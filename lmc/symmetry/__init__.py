@@ -25,7 +25,7 @@ from lmc.symmetry.transforms import (
     transform_attention,
     vo_group,
 )
-from lmc.symmetry.weights import AttentionWeights, read_attention, write_attention
+from lmc.symmetry.weights import AttentionWeights, head_rows, read_attention, write_attention
 
 __all__ = [
     "SCOPES",
@@ -41,6 +41,7 @@ __all__ = [
     "TiedGroup",
     "describe",
     "general_linear",
+    "head_rows",
     "model_spec",
     "other_pair_layout",
     "qk_group",

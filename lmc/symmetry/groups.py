@@ -79,6 +79,22 @@ class TiedGroup:
         counts = torch.bincount(index[free], minlength=self.num_coordinates).to(matrices.dtype)
         return sums / counts
 
+    def coordinate_gradient(self, matrix_gradient: torch.Tensor) -> torch.Tensor:
+        """The gradient in coordinates of ``f(from_coordinates(theta))`` given ``df/dC``.
+
+        The adjoint of :meth:`from_coordinates`: each coordinate collects its signed entries.
+        """
+        index, sign = self._flat(matrix_gradient.device)
+        free = index >= 0
+        values = matrix_gradient.flatten(-2)[..., free] * sign[free].to(matrix_gradient.dtype)
+        gradient = torch.zeros(
+            *matrix_gradient.shape[:-2],
+            self.num_coordinates,
+            dtype=matrix_gradient.dtype,
+            device=matrix_gradient.device,
+        )
+        return gradient.index_add_(-1, index[free], values)
+
     def from_coordinates(self, coordinates: torch.Tensor) -> torch.Tensor:
         """Matrices with the given coordinates, shape ``(..., dim, dim)``."""
         index, sign = self._flat(coordinates.device)

@@ -70,6 +70,20 @@ def _slot_view(parameter: torch.Tensor, slot: HeadSlot, count: int, head_dim: in
     return moved.narrow(0, slot.offset, count * head_dim).unflatten(0, (count, head_dim))
 
 
+def head_rows(parameters: Mapping[str, torch.Tensor], spec: AttentionSpec, field_name: str) -> torch.Tensor | None:
+    """A view (no copy) of one projection with each head's ``head_dim`` rows stacked.
+
+    Shape ``(heads * head_dim, d)`` for ``query``/``key``/``value`` (rows are ``W^T``) and for
+    ``out`` (rows are ``W_O``), ``(heads * head_dim,)`` for biases; ``None`` if absent. Gram
+    matrices of these views are the matcher's GEMMs.
+    """
+    slot: HeadSlot | None = getattr(spec, field_name)
+    if slot is None:
+        return None
+    view = _slot_view(parameters[slot.parameter].detach(), slot, _head_count(spec, field_name), spec.head_dim)
+    return view.flatten(0, 1)
+
+
 def read_attention(parameters: Mapping[str, torch.Tensor], spec: AttentionSpec) -> AttentionWeights:
     """Gather one layer's per-head weights (copies, detached from the model).
 

@@ -23,7 +23,7 @@ from lmc.matching.attention import (
     stage2_problems,
 )
 from lmc.models import create_model, randomize_parameters_
-from lmc.symmetry import SCOPES, model_spec, qk_group, random_symmetry, read_attention, scope_parameters, vo_group
+from lmc.symmetry import SCOPES, model_spec, qk_group, random_symmetry, scope_parameters, vo_group
 from tests.architectures import ARCHITECTURES, DEFAULT_OUTPUT_RTOL, OUTPUT_RTOL, build, relative_difference
 
 
@@ -95,9 +95,7 @@ def test_stage1_choice_is_the_best_of_all_24_head_orders(key):
     target = random_symmetry(source, scope="first_attention", seed=3)
     layer = model_spec(source).blocks[0].attention
     assert layer.num_heads == 4 and layer.num_kv_heads == 4
-    grams = LayerGrams.compute(
-        read_attention(dict(source.named_parameters()), layer), read_attention(dict(target.named_parameters()), layer)
-    )
+    grams = LayerGrams.compute(dict(source.named_parameters()), dict(target.named_parameters()), layer)
     options = Stage2Options()
     chosen, _ = assign_heads(head_cost(grams, layer, "invariant", True, options), 1)
 
