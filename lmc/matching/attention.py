@@ -41,7 +41,7 @@ class Stage2Options:
             scaled by its target's squared norm).
     """
 
-    steps: int = 100
+    steps: int = 30
     lr: float = 1.0
     tolerance: float = 1e-12
 
@@ -301,21 +301,45 @@ def orthogonal_start(problem: Stage2Problem, group: TiedGroup) -> torch.Tensor:
     return group.nearest_orthogonal(problem.g_x + problem.g_y)
 
 
+def least_squares_start(problem: Stage2Problem, group: TiedGroup, start: torch.Tensor) -> torch.Tensor:
+    """The best of ``start`` and the two one-sided least-squares solutions, per problem.
+
+    ``A_X^{-1} G_X`` minimizes the first term alone, and ``(A_Y^{-1} G_Y)^{-T}`` the second (as a
+    function of ``D = C^{-T}``); both are exact when the target is the source moved by a group
+    element, and good starts otherwise. Each is projected onto the group's subspace; a
+    candidate that is singular or worse is dropped.
+    """
+    candidates = [start]
+    for a, g, flip in ((problem.a_x, problem.g_x, False), (problem.a_y, problem.g_y, True)):
+        solution, info = torch.linalg.solve_ex(a, g)
+        if flip:
+            solution, info_inverse = torch.linalg.inv_ex(solution)
+            solution, info = solution.mT, info | info_inverse
+        candidate = group.project(torch.where((info == 0)[:, None, None], solution, start))
+        candidates.append(candidate)
+    values = torch.stack([problem.objective(c) for c in candidates])  # (candidates, n), inf if singular
+    best = values.nan_to_num(nan=torch.inf).argmin(dim=0)
+    return torch.stack(candidates)[best, torch.arange(len(best))]
+
+
 def refine(
     problems: list[Stage2Problem], groups: list[TiedGroup], starts: list[torch.Tensor], options: Stage2Options
 ) -> list[torch.Tensor]:
-    """Minimize every ``F`` from its start by one L-BFGS run over all problems' group coordinates.
+    """Minimize every ``F`` by one L-BFGS run over all problems' group coordinates.
 
-    The problems are independent, so one run over the concatenated coordinates (the sum of the
-    objectives, each scaled by its target's squared norm) solves them all at the cost of one
-    optimizer loop. Every iterate lies in its group by construction, and ``F`` grows without
-    bound as ``C`` nears a singular matrix, which keeps the iterates invertible.
+    Each problem starts from the best of its given start and the least-squares candidates
+    (:func:`least_squares_start`). The problems are independent, so one run over the
+    concatenated coordinates (the sum of the objectives, each scaled by its target's squared
+    norm) solves them all at the cost of one optimizer loop. Every iterate lies in its group by
+    construction, and ``F`` grows without bound as ``C`` nears a singular matrix, which keeps
+    the iterates invertible.
 
     Returns:
         The refined ``C`` of each problem, float64; never worse than its start.
     """
     if options.steps == 0:
         return starts
+    starts = [least_squares_start(p, g, start) for p, g, start in zip(problems, groups, starts)]
     scales = [p.target_norm.clamp(min=torch.finfo(torch.float64).tiny)[:, None, None] for p in problems]
     pieces = [g.to_coordinates(c) for g, c in zip(groups, starts)]
     sizes = [piece.numel() for piece in pieces]
