@@ -74,8 +74,8 @@ def test_a_checkpoint_of_another_model_is_refused(checkpoints, tmp_path):
     other.write_text(yaml.safe_dump({"model": {"model": "vit-tiny"}, "data": {"class_path": "lmc.data.Digits"}}))
     with pytest.raises(CheckpointError, match="does not fit VisionTransformer"):
         main([
-            "align", "--config", str(other), "--source", str(checkpoints["seed0"]), "--target", str(checkpoints["seed1"]),
-            "--output", str(tmp_path / "x.safetensors"),
+            "align", "--config", str(other), "--source", str(checkpoints["seed0"]),
+            "--target", str(checkpoints["seed1"]), "--output", str(tmp_path / "x.safetensors"),
         ])  # fmt: skip
     assert not (tmp_path / "x.safetensors").exists()
 
