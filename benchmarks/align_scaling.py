@@ -31,7 +31,7 @@ ROWS = {
     "width-2048": (2048, 2, 16, 16, 256, 256),
     "layers-4": (1024, 4, 16, 16, 256, 256),
     "layers-8": (1024, 8, 16, 16, 256, 256),
-    "1b": (2048, 16, 32, 8, 8192, 128256),  # Llama-3.2-1B: width 2048, 16 layers, 32 heads, 8 KV heads
+    "1b": (2048, 16, 32, 8, 8192, 128256),  # Llama-3.2-1B: width 2048, 16 layers, 32/8 heads, tied embeddings
 }
 
 
@@ -60,6 +60,7 @@ def measure(name: str) -> dict:
     config = LlamaConfig(
         hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         intermediate_size=intermediate, vocab_size=vocab, max_position_embeddings=256, bos_token_id=0, eos_token_id=0,
+        tie_word_embeddings=True,
     )  # fmt: skip
     torch.manual_seed(0)
     source = LlamaForCausalLM(config).eval()

@@ -11,7 +11,7 @@ import yaml
 from lmc.adapters import adapter_for
 from lmc.checkpoints import CheckpointError, load_weights, read_state_dict
 from lmc.cli import main
-from tests.callbacks.runs import CONFIG, MODEL, data, finetuned, pretrain_and_first_seed, trainer
+from tests.runs import CONFIG, MODEL, data, finetuned, pretrain_and_first_seed, trainer
 
 
 @pytest.fixture(scope="module")

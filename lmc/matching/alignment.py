@@ -139,7 +139,8 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: str) -> SymmetrySpe
             raise AlignmentError(f"{layer.name}: source and target use different rotary positional encodings")
     for role, model in (("source", source), ("target", target)):
         for name, parameter in model.named_parameters():
-            if not torch.isfinite(parameter).all():
+            # A float64 sum is NaN/Inf exactly when an entry is, without a mask the size of the weight.
+            if not torch.isfinite(parameter.detach().sum(dtype=torch.float64)):
                 raise AlignmentError(
                     f"the {role} model's {name} holds NaN or Inf values; align finite checkpoints only"
                 )
@@ -147,7 +148,7 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: str) -> SymmetrySpe
         free = set(scope_parameters(source, scope))
         parameters = dict(target.named_parameters())
         for name, parameter in source.named_parameters():
-            if name not in free and not torch.equal(parameter, parameters[name]):
+            if name not in free and not _identical(parameter, parameters[name]):
                 gap = float((parameter - parameters[name]).detach().abs().max())
                 raise AlignmentError(
                     f"scope {scope!r} aligns only its re-initialized parameters, so everything else must be identical, "
@@ -155,6 +156,12 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: str) -> SymmetrySpe
                     "with (a wider one, or 'full_model'), or check that both come from the same pre-trained model."
                 )
     return spec
+
+
+def _identical(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> bool:
+    """``torch.equal`` in chunks: no temporary the size of a whole embedding matrix."""
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    return a.shape == b.shape and all(torch.equal(a[i : i + chunk], b[i : i + chunk]) for i in range(0, len(a), chunk))
 
 
 def _layer_distance(source: dict, target: dict, layer) -> float:
@@ -268,16 +275,11 @@ class _Aligner:
 
 def _residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
     """Residual axes of parameters no other symmetry moves (anchors), and those of FFN parameters."""
-    moved = {slot.parameter for layer in spec.attention for slot in _slots(layer)}
+    moved = {slot.parameter for layer in spec.attention for slot in layer.slots}
     feed_forward = {name for block in spec.blocks if block.feed_forward for name, _ in block.feed_forward.hidden.axes}
     anchors = [(n, a) for n, a in spec.residual.axes if n not in moved and n not in feed_forward]
     through_ffn = [(n, a) for n, a in spec.residual.axes if n in feed_forward]
     return anchors, through_ffn
-
-
-def _slots(layer):
-    slots = (layer.query, layer.key, layer.value, layer.out, layer.query_bias, layer.key_bias, layer.value_bias)
-    return [slot for slot in slots if slot is not None]
 
 
 def _probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: int) -> float:

@@ -140,10 +140,15 @@ class AttentionSpec:
         return self.num_heads // self.num_kv_heads
 
     @property
+    def slots(self) -> tuple[HeadSlot, ...]:
+        """The slots present (what the group acts on), projections first."""
+        slots = (self.query, self.key, self.value, self.out, self.query_bias, self.key_bias, self.value_bias)
+        return tuple(slot for slot in slots if slot is not None)
+
+    @property
     def parameters(self) -> tuple[str, ...]:
         """Names of every parameter this layer owns, in first-seen order."""
-        slots = (self.query, self.key, self.value, self.out, self.query_bias, self.key_bias, self.value_bias)
-        names = [slot.parameter for slot in slots if slot is not None]
+        names = [slot.parameter for slot in self.slots]
         if self.out_bias is not None:
             names.append(self.out_bias)
         return tuple(dict.fromkeys(names))

@@ -63,9 +63,8 @@ class LMCModule(L.LightningModule):
         self.model = self.build_model()
         if pretrained is not None:
             load_weights(self.model, pretrained)
-        self.trainable: list[str] = [name for name, _ in self.model.named_parameters()]
         if strategy is not None:
-            self.trainable = self.reinitialize(strategy, reinit_seed)
+            self.reinitialize(strategy, reinit_seed)
         self.adapter = adapter_for(self.model)
 
     def build_model(self) -> nn.Module:

@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[2]))  # the repository, for `tests.` and `callbacks`
 
 from callbacks import AlignAndInterpolate  # noqa: E402
-from tests.callbacks.runs import data, finetuned, trainer  # noqa: E402
+from tests.runs import data, finetuned, trainer  # noqa: E402
 
 if __name__ == "__main__":
     root, pretrained, reference = (Path(a) for a in sys.argv[1:4])

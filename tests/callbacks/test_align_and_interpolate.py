@@ -17,7 +17,7 @@ from callbacks import AlignAndInterpolate
 from lmc.checkpoints import load_weights
 from lmc.connectivity import measure_connectivity
 from lmc.interpolation import barriers, evaluate, evenly_spaced
-from tests.callbacks.runs import data, finetuned, pretrain_and_first_seed, trainer
+from tests.runs import data, finetuned, pretrain_and_first_seed, trainer
 
 
 @pytest.fixture(scope="module")

@@ -45,16 +45,11 @@ def transformed_parameters(model: nn.Module, scope: str) -> set[str]:
     """Names of the parameters a scope's group acts on (output biases of attention and FFN excluded)."""
     spec = model_spec(model)
     transform = sample_transform(spec, scope, torch.Generator().manual_seed(0))
-    names = {slot.parameter for i in transform.attention for slot in _slots(spec.blocks[i].attention)}
+    names = {slot.parameter for i in transform.attention for slot in spec.blocks[i].attention.slots}
     names |= {name for i in transform.feed_forward for name, _ in spec.blocks[i].feed_forward.hidden.axes}
     if transform.residual is not None:
         names |= {name for name, _ in spec.residual.axes}
     return names
-
-
-def _slots(layer):
-    slots = (layer.query, layer.key, layer.value, layer.out, layer.query_bias, layer.key_bias, layer.value_bias)
-    return [slot for slot in slots if slot is not None]
 
 
 @pytest.mark.parametrize("scope", SCOPES)

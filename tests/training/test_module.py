@@ -10,6 +10,7 @@ from lmc.checkpoints import CheckpointError
 from lmc.data import Digits, PythonDocsLM, PythonTextKinds
 from lmc.symmetry import SCOPES, scope_parameters
 from lmc.training import LMCModule
+from tests.runs import trainer
 
 BACKBONES = {
     "reference-vit-tiny": Digits,
@@ -22,18 +23,8 @@ BACKBONES = {
 }
 
 
-def _trainer(tmp_path, steps: int = 3) -> L.Trainer:
-    return L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=1,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-    )
+def _trainer(root, steps: int = 3) -> L.Trainer:
+    return trainer(root, steps, limit_val_batches=1)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tiny pre-training and fine-tuning runs shared by the callback tests (and the DDP job script)."""
+"""Tiny trainers and pre-training / fine-tuning runs shared by the tests (and the DDP job script)."""
 
 from __future__ import annotations
 
