@@ -139,8 +139,7 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: str) -> SymmetrySpe
             raise AlignmentError(f"{layer.name}: source and target use different rotary positional encodings")
     for role, model in (("source", source), ("target", target)):
         for name, parameter in model.named_parameters():
-            # A float64 sum is NaN/Inf exactly when an entry is, without a mask the size of the weight.
-            if not torch.isfinite(parameter.detach().sum(dtype=torch.float64)):
+            if not _all_finite(parameter):
                 raise AlignmentError(
                     f"the {role} model's {name} holds NaN or Inf values; align finite checkpoints only"
                 )
@@ -158,10 +157,20 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: str) -> SymmetrySpe
     return spec
 
 
-def _identical(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 22) -> bool:
-    """``torch.equal`` in chunks: no temporary the size of a whole embedding matrix."""
+# Whole-tensor checks run in chunks: no temporary the size of an embedding matrix.
+_CHUNK = 1 << 22
+
+
+def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-    return a.shape == b.shape and all(torch.equal(a[i : i + chunk], b[i : i + chunk]) for i in range(0, len(a), chunk))
+    return a.shape == b.shape and all(
+        torch.equal(a[i : i + _CHUNK], b[i : i + _CHUNK]) for i in range(0, len(a), _CHUNK)
+    )
+
+
+def _all_finite(a: torch.Tensor) -> bool:
+    a = a.detach().reshape(-1)
+    return all(bool(torch.isfinite(a[i : i + _CHUNK]).all()) for i in range(0, len(a), _CHUNK))
 
 
 def _layer_distance(source: dict, target: dict, layer) -> float:
