@@ -25,7 +25,8 @@ from lmc.training import LMCModule
 
 POSITIONAL_ENCODINGS = {"APE (learned)": {"pe": "learned"}, "RoPE": {"pe": "rope", "rope_layout": "half"}}
 MODEL = dict(width=64, depth=6, num_heads=4)  # the paper's 6 layers and 4 heads, narrow for a CPU
-PRETRAIN_EPOCHS, FINETUNE_EPOCHS = 40, 25
+PRETRAIN_EPOCHS, FINETUNE_EPOCHS = 40, 60
+PRETRAIN_LR, FINETUNE_LR, BATCH_SIZE = 2e-3, 3e-3, 32
 
 
 def _trainer(root: Path, name: str, epochs: int, callbacks: list | None = None) -> L.Trainer:
@@ -47,9 +48,9 @@ def run_one(root: Path, label: str, model_config: dict[str, Any], epochs: tuple[
     config = {**MODEL, **model_config}
     pretrain_epochs, finetune_epochs = epochs
     L.seed_everything(0, verbose=False)
-    pretrained = LMCModule("reference-vit", config, data_info, lr=2e-3)
+    pretrained = LMCModule("reference-vit", config, data_info, lr=PRETRAIN_LR)
     pretrain = _trainer(root, f"{label}/pretrain", pretrain_epochs)
-    pretrain.fit(pretrained, Digits(part="A"))
+    pretrain.fit(pretrained, Digits(batch_size=BATCH_SIZE, part="A"))
     pretrained_path = root / label / "pretrained.ckpt"
     pretrain.save_checkpoint(pretrained_path)
 
@@ -69,7 +70,7 @@ def run_one(root: Path, label: str, model_config: dict[str, Any], epochs: tuple[
         if seed == 1:
             callback = AlignAndInterpolate(references=[str(checkpoints[0])], output_dir=str(root / label / "results"))
         trainer = _trainer(root, f"{label}/finetune_seed{seed}", finetune_epochs, [callback] if callback else None)
-        trainer.fit(module, Digits(part="B"))
+        trainer.fit(module, Digits(batch_size=BATCH_SIZE, part="B"))
         path = root / label / f"finetune_seed{seed}.ckpt"
         trainer.save_checkpoint(path)
         checkpoints.append(path)
