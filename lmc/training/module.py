@@ -19,6 +19,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics import MeanMetric
 
 from lmc.adapters import adapter_for
 from lmc.checkpoints import load_weights
@@ -28,6 +29,9 @@ from lmc.symmetry import SCOPES, scope_parameters
 
 class LMCModule(L.LightningModule):
     """Train or fine-tune one backbone under a re-initialization strategy.
+
+    Logs ``{train,val,test}/{loss,accuracy}`` (and ``bits_per_token`` for language models) as
+    torchmetrics means weighted by samples or tokens.
 
     Args:
         model: A registered model name (``lmc.models.list_models()``), e.g. ``"reference-vit"``.
@@ -63,6 +67,14 @@ class LMCModule(L.LightningModule):
         self.model = self.build_model()
         if pretrained is not None:
             load_weights(self.model, pretrained)
+        # Sample- (or token-) weighted means whose states are sums: exact across batches and DDP ranks.
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_{name}": MeanMetric()
+                for stage in ("train", "val", "test")
+                for name in ("loss", "accuracy", "bits_per_token")
+            }
+        )
         if strategy is not None:
             self.reinitialize(strategy, reinit_seed)
         self.adapter = adapter_for(self.model)
