@@ -24,6 +24,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Subset
+from tqdm.auto import tqdm
 
 from lmc.checkpoints import load_weights
 from lmc.connectivity import BARRIERS, curve_figure, measure_connectivity, write_results
@@ -112,8 +113,11 @@ class AlignAndInterpolate(L.Callback):
         results: dict[str, Any] = {"scope": scope, "method": self.method, "split": self.split, "references": {}}
         was_training = pl_module.training
         pl_module.eval()
+        paths = self.reference_paths(trainer)
+        show = trainer.is_global_zero and trainer.progress_bar_callback is not None
+        bar = tqdm(total=2 * len(self.alphas) * len(paths), desc="Align and interpolate", disable=not show)
         try:
-            for index, path in enumerate(self.reference_paths(trainer)):
+            for index, path in enumerate(paths):
                 reference = load_weights(pl_module.build_model(), path).to(pl_module.device).eval()
                 results["references"][str(path)] = measure_connectivity(
                     pl_module.model,
@@ -126,8 +130,10 @@ class AlignAndInterpolate(L.Callback):
                     state_path=folder / f"lmc_sweep_state_{index}.json",
                     write=trainer.is_global_zero,
                     synchronize=trainer.strategy.barrier,
+                    progress=lambda message: bar.update(1),
                 )
         finally:
+            bar.close()
             pl_module.train(was_training)
         results["seconds"] = time.perf_counter() - started
         if trainer.is_global_zero:
