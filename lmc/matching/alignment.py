@@ -144,7 +144,7 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: str) -> SymmetrySpe
                     f"the {role} model's {name} holds NaN or Inf values; align finite checkpoints only"
                 )
     if scope != "full_model":
-        free = set(scope_parameters(source, scope))
+        free = set(scope_parameters(source, scope, spec))
         parameters = dict(target.named_parameters())
         for name, parameter in source.named_parameters():
             if name not in free and not _identical(parameter, parameters[name]):
@@ -195,7 +195,7 @@ class _Aligner:
         shared = {}
         if options["share_frozen"] and report.scope != "full_model":
             # Parameters outside the scope never change (and equal the target's): share, don't copy.
-            free = set(scope_parameters(source, report.scope))
+            free = set(scope_parameters(source, report.scope, spec))
             shared = {id(p): p for name, p in source.named_parameters() if name not in free}
         self.working = copy.deepcopy(source, shared)
         self.parameters = dict(self.working.named_parameters())
@@ -362,7 +362,7 @@ def align(
         for index in attention:
             aligner.align_attention(index)
 
-    scoped = scope_parameters(source, scope)
+    scoped = scope_parameters(source, scope, spec)
     report.distance = {
         "naive": _axes_distance(aligner.original, aligner.target, [(n, 0) for n in scoped]),
         "aligned": _axes_distance(aligner.parameters, aligner.target, [(n, 0) for n in scoped]),

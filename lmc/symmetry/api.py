@@ -63,14 +63,14 @@ def scope_blocks(spec: SymmetrySpec, scope: str) -> tuple[list[int], list[int], 
     return attention, [i for i in feed_forward if spec.blocks[i].feed_forward is not None], scope == "full_model"
 
 
-def scope_parameters(model: nn.Module, scope: str) -> list[str]:
+def scope_parameters(model: nn.Module, scope: str, spec: SymmetrySpec | None = None) -> list[str]:
     """Names of the parameters a scope re-initializes (SPEC section 5), in model order.
 
     ``full_model`` is every parameter but the architecture's constants (``spec.fixed``); the
     others are the attention layers' projections and biases, plus for ``first_block`` the
-    first feed-forward network.
+    first feed-forward network. ``spec`` saves re-deriving the model's spec when the caller has it.
     """
-    spec = model_spec(model)
+    spec = spec or model_spec(model)
     attention, feed_forward, whole = scope_blocks(spec, scope)
     owned = {p for i in attention for p in spec.blocks[i].attention.parameters}
     owned |= {p for i in feed_forward for p in spec.blocks[i].feed_forward.parameters}
