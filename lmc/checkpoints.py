@@ -42,19 +42,26 @@ def atomic_write_json(path: str | Path, data: object) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, default=float) + "\n")
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Model weights from a Lightning ``.ckpt`` (an ``LMCModule``'s), a ``.safetensors`` or a ``.pt`` file."""
+def read_checkpoint(path: str | Path) -> dict:
+    """The whole content of a Lightning ``.ckpt`` or ``.pt`` file, read without unpickling code."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling errors have many types
         raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
+    return loaded
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Model weights from a Lightning ``.ckpt`` (an ``LMCModule``'s), a ``.safetensors`` or a ``.pt`` file."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    loaded = read_checkpoint(path)
     state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds no state dict (found {type(loaded).__name__})")

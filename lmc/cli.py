@@ -1,195 +1,140 @@
-"""The ``lmc`` command (also ``python -m lmc``).
+"""The ``lmc`` command (also ``python -m lmc``): one jsonargparse mechanism for every command.
 
 - ``lmc fit|validate|test|predict --config X.yaml [--config Y.yaml] [--key value ...]``: a
-  LightningCLI over :class:`~lmc.training.LMCModule` and any :class:`~lmc.data.LMCDataModule`
-  (Lightning 2.6 has no ``lightning run`` command; this is the YAML-config entry point).
-- ``lmc align``: align one checkpoint to another and write the aligned (and merged) weights.
-- ``lmc interpolate``: naive and aligned interpolation curves between two checkpoints.
-- ``lmc demo``: the main job on the embedded digits (pre-train, fine-tune two seeds, align, sweep).
-- ``lmc symmetry``: show that random symmetries keep real models' outputs.
+  LightningCLI over :class:`~lmc.training.LMCModule` and any :class:`~lmc.data.LMCDataModule`.
+- ``lmc run --config configs/experiment/X.yaml [...]``: the whole protocol (pre-train, fine-tune
+  seeds, align every pair, sweep, summarize; :mod:`lmc.experiment`).
+- ``lmc align``, ``lmc interpolate``, ``lmc demo``, ``lmc symmetry``: typed functions of
+  :mod:`lmc.commands`; each function's docstring is its ``--help``.
+
+Errors that come from the user's input (a missing checkpoint, a bad value, an unsupported
+model) print one line and exit with status 2; ``LMC_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 TRAINING_COMMANDS = ("fit", "validate", "test", "predict")
 
 
-def _describe(data) -> dict[str, Any]:
+def data_info(data) -> Any:
+    """What a DataModule tells the model about itself (linked into ``model.data``)."""
     return data.describe()
+
+
+@contextmanager
+def _program_arguments_only():
+    """Hide the process's own arguments while LightningCLI parses explicit ``args``.
+
+    LightningCLI warns whenever both are present (a guard for notebooks); ``lmc run`` and the
+    Python API always pass the arguments explicitly.
+    """
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def lightning_cli(args: list[str] | None = None, run: bool = True):
     """The LightningCLI of lmc: model ``LMCModule``, data any ``LMCDataModule`` subclass.
 
-    ``args`` ``None`` reads the command line.
-
-    The DataModule's ``describe()`` (task, classes, sizes) is linked into ``model.data`` so a
-    model is always sized to its data.
+    ``args`` ``None`` reads the command line. The DataModule's sizing metadata is linked into
+    ``model.data`` so a model is always sized to its data; the ``protocol`` group is read by
+    ``lmc run`` only. The resolved config is saved into the run's log folder, never elsewhere.
     """
-    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
     from lmc.data import LMCDataModule
+    from lmc.experiment import Protocol
     from lmc.training import LMCModule
+
+    class SaveConfigIntoTheRunFolder(SaveConfigCallback):
+        """Save the config only where the run keeps its logs, and never over an input file."""
+
+        def setup(self, trainer, pl_module, stage: str) -> None:
+            if trainer.logger is None or trainer.logger.log_dir is None:
+                return  # no run folder: the working directory is the user's, not ours
+            inputs = {Path(str(c)).resolve() for c in self.config.get("config") or []}
+            if (Path(trainer.logger.log_dir) / self.config_filename).resolve() in inputs:
+                return
+            super().setup(trainer, pl_module, stage)
 
     class LMCLightningCLI(LightningCLI):
         def add_arguments_to_parser(self, parser) -> None:
-            parser.link_arguments("data", "model.data", compute_fn=_describe, apply_on="instantiate")
+            parser.link_arguments("data", "model.data", compute_fn=data_info, apply_on="instantiate")
+            parser.add_class_arguments(Protocol, "protocol", instantiate=True)
 
-    return LMCLightningCLI(
-        LMCModule,
-        LMCDataModule,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-        auto_configure_optimizers=False,
-    )
-
-
-def _config_value(configs: list[str], dotted: str) -> Any:
-    """A value of the merged YAML configs (later files win), ``None`` if unset."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.select(OmegaConf.merge(*[OmegaConf.load(c) for c in configs]), dotted)
-
-
-def _module_and_data(configs: list[str]):
-    """The experiment's module (weights not loaded) and DataModule, from its config files."""
-    for config in configs:
-        if not Path(config).is_file():
-            raise SystemExit(f"lmc: config {config} does not exist")
-    args = [item for config in configs for item in ("--config", config)]
-    cli = lightning_cli([*args, "--model.pretrained=null", "--model.strategy=null"], run=False)
-    return cli.model, cli.datamodule
-
-
-def _align_command(args: argparse.Namespace) -> None:
-    import torch
-
-    from lmc.checkpoints import atomic_write_json, load_weights, save_weights
-    from lmc.matching import align
-
-    module, _ = _module_and_data(args.config)
-    scope = args.scope or _config_value(args.config, "model.strategy") or "full_model"
-    source = load_weights(module.build_model().eval(), args.source)
-    target = load_weights(module.build_model().eval(), args.target)
-    aligned, report = align(source, target, scope=scope, method=args.method, metric=args.metric)
-    save_weights(aligned, args.output)
-    atomic_write_json(Path(args.output).with_suffix(".json"), report.to_dict())
-    print(f"aligned {args.source} to {args.target} ({scope}, {args.method}): wrote {args.output}")
-    print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
-    if args.merge_alpha is not None:
-        with torch.no_grad():
-            for merged, theirs in zip(aligned.parameters(), target.parameters()):
-                merged.copy_(torch.lerp(theirs, merged, args.merge_alpha))
-        output = args.merged_output or str(Path(args.output).with_name(f"merged_{args.merge_alpha:g}.safetensors"))
-        save_weights(aligned, output)
-        print(f"merged (1 - {args.merge_alpha:g}) * target + {args.merge_alpha:g} * aligned source: wrote {output}")
-
-
-def _interpolate_command(args: argparse.Namespace) -> None:
-    from torch.utils.data import DataLoader
-
-    from lmc.checkpoints import load_weights
-    from lmc.connectivity import measure_connectivity, write_results
-    from lmc.interpolation import evaluate, evenly_spaced
-
-    module, datamodule = _module_and_data(args.config)
-    scope = args.scope or _config_value(args.config, "model.strategy") or "full_model"
-    load_weights(module.model, args.a)
-    module.eval()
-    reference = load_weights(module.build_model().eval(), args.b)
-    loader = DataLoader(datamodule.split(args.split), batch_size=args.batch_size or datamodule.batch_size)
-    output = Path(args.output_dir)
-    result = measure_connectivity(
-        module.model,
-        reference,
-        lambda: evaluate(module.loss_sums, loader, module.device),
-        evenly_spaced(args.num_alphas),
-        scope,
-        args.method,
-        args.metric,
-        state_path=output / "lmc_sweep_state_0.json",
-    )
-    write_results(output, {"scope": scope, "method": args.method, "split": args.split, "references": {args.b: result}})
-    print(
-        json.dumps(
-            {curve: {k: v for k, v in data.items() if k != "points"} for curve, data in result["curves"].items()}
+    with _program_arguments_only() if args is not None else _no_op():
+        return LMCLightningCLI(
+            LMCModule,
+            LMCDataModule,
+            subclass_mode_data=True,
+            save_config_callback=SaveConfigIntoTheRunFolder,
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            run=run,
+            auto_configure_optimizers=False,
         )
-    )
-    print(f"barrier ratio (aligned / naive, %): {result['barrier_ratio']}; results in {output}")
+
+
+@contextmanager
+def _no_op():
+    yield
+
+
+def _run_command(argv: list[str]) -> None:
+    from lmc import experiment
+
+    experiment.run(lightning_cli(argv, run=False))
+
+
+def _function_command(argv: list[str]) -> None:
+    from jsonargparse import ArgumentParser, set_parsing_settings
+
+    from lmc import commands
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    parser = ArgumentParser(prog="lmc", description=__doc__)
+    subcommands = parser.add_subcommands(required=True, dest="command")
+    for name, function in commands.COMMANDS.items():
+        subcommands.add_subcommand(name, commands.parser_for(function), help=commands.summary(function))
+    config = parser.parse_args(commands.underscored(argv))
+    name = config.command
+    commands.call(commands.COMMANDS[name], parser, config, name)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from lmc.adapters import UnsupportedModelError
+    from lmc.checkpoints import CheckpointError
+    from lmc.data import DataUnavailableError
+    from lmc.matching import AlignmentError
+
+    return (CheckpointError, AlignmentError, DataUnavailableError, UnsupportedModelError, ValueError, OSError)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``lmc`` console script."""
-    from_command_line = argv is None
-    argv = sys.argv[1:] if from_command_line else list(argv)
-    if argv and argv[0] in TRAINING_COMMANDS:
-        lightning_cli(None if from_command_line else argv)
-        return
-
-    from lmc.matching import METHODS, METRICS
-    from lmc.models import list_models
-    from lmc.symmetry import SCOPES
-    from lmc.symmetry_demo import DEFAULT_MODELS
-
-    parser = argparse.ArgumentParser(
-        prog="lmc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{fit,validate,test,predict,align,...}")
-    for name in TRAINING_COMMANDS:
-        commands.add_parser(name, help=f"LightningCLI {name} (see lmc {name} --help)")
-
-    demo = commands.add_parser("demo", help="the main job on the embedded digits (offline, CPU, minutes)")
-    demo.add_argument("--output-dir", default="runs/demo", help="where checkpoints, logs and results go")
-    demo.add_argument("--epochs", type=int, default=None, help="override the pre-training/fine-tuning epochs")
-
-    symmetry = commands.add_parser("symmetry", help="random symmetries keep outputs; wrong groups break them")
-    symmetry.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list_models(), metavar="NAME")
-    symmetry.add_argument("--seed", type=int, default=0)
-
-    for name, help_text in (
-        ("align", "align SOURCE to TARGET and write the aligned weights (safetensors)"),
-        ("interpolate", "naive and aligned interpolation curves between checkpoints A and B"),
-    ):
-        command = commands.add_parser(name, help=help_text)
-        command.add_argument("--config", action="append", required=True, help="experiment config(s) of both runs")
-        command.add_argument("--scope", choices=SCOPES, default=None, help="default: the config's model.strategy")
-        command.add_argument("--method", choices=METHODS, default="full")
-        command.add_argument("--metric", choices=METRICS, default="invariant")
-    align_parser = commands.choices["align"]
-    align_parser.add_argument("--source", required=True, help="checkpoint to transform")
-    align_parser.add_argument("--target", required=True, help="checkpoint to align to")
-    align_parser.add_argument("--output", required=True, help="aligned weights (.safetensors); a .json report beside")
-    align_parser.add_argument("--merge-alpha", type=float, default=None, help="also write (1-a)*target + a*aligned")
-    align_parser.add_argument("--merged-output", default=None)
-    interpolate = commands.choices["interpolate"]
-    interpolate.add_argument("--a", required=True, help="checkpoint of end point A (alpha = 0)")
-    interpolate.add_argument("--b", required=True, help="checkpoint of end point B (alpha = 1), aligned to A")
-    interpolate.add_argument("--num-alphas", type=int, default=25)
-    interpolate.add_argument("--split", choices=("val", "test"), default="val")
-    interpolate.add_argument("--batch-size", type=int, default=None)
-    interpolate.add_argument("--output-dir", required=True)
-
-    args = parser.parse_args(argv)
-    if args.command == "symmetry":
-        from lmc import symmetry_demo
-
-        symmetry_demo.run(tuple(args.models), seed=args.seed)
-    elif args.command == "demo":
-        from lmc import demo as main_job
-
-        main_job.run(Path(args.output_dir), epochs=args.epochs)
-    elif args.command == "align":
-        _align_command(args)
-    elif args.command == "interpolate":
-        _interpolate_command(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv and argv[0] in TRAINING_COMMANDS:
+            lightning_cli(argv)
+        elif argv and argv[0] == "run":
+            _run_command(argv[1:])
+        else:
+            _function_command(argv)
+    except _user_errors() as error:
+        if os.environ.get("LMC_DEBUG"):
+            raise
+        message = str(error).strip() or type(error).__name__
+        print(f"lmc: error: {message} (LMC_DEBUG=1 shows the traceback)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -305,7 +305,12 @@ def _probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: i
 
 
 def align(
-    source: nn.Module, target: nn.Module, scope: str = "first_attention", method: str = "full", **options: Any
+    source: nn.Module,
+    target: nn.Module,
+    scope: str = "first_attention",
+    method: str = "full",
+    options: Any = None,
+    **keywords: Any,
 ) -> tuple[nn.Module, AlignmentReport]:
     """Align ``source`` to ``target`` within the symmetry group of ``scope``.
 
@@ -331,6 +336,10 @@ def align(
         AlignmentError: The pair cannot be aligned (architectures, frozen parameters, NaN/Inf),
             or the result is not a symmetry of ``source`` on the probe (a bug, never a result).
     """
+    if options is not None:  # stand-in until the matching refactor lands
+        keywords = {k: v for k, v in vars(options).items() if k != "method"}
+        method = options.method
+    options = keywords
     stage2 = Stage2Options()
     defaults = dict(metric="invariant", steps=stage2.steps, lr=stage2.lr, tolerance=stage2.tolerance, max_iterations=20)
     defaults.update(check_rtol=None, probe_batch_size=2, seed=0, share_frozen=True)

@@ -16,7 +16,7 @@ from lmc.symmetry.api import (
     scope_parameters,
 )
 from lmc.symmetry.groups import TiedGroup, general_linear, other_pair_layout, rotary_commutant
-from lmc.symmetry.spec import SCOPES, AttentionSpec, AxisPermutation, HeadSlot, RotaryLayout, SymmetrySpec
+from lmc.symmetry.spec import SCOPES, AttentionSpec, AxisPermutation, HeadSlot, RotaryLayout, Scope, SymmetrySpec
 from lmc.symmetry.transforms import (
     AttentionTransform,
     ModelTransform,
@@ -29,6 +29,7 @@ from lmc.symmetry.weights import AttentionWeights, head_rows, read_attention, wr
 
 __all__ = [
     "SCOPES",
+    "Scope",
     "apply_transform",
     "AttentionSpec",
     "AttentionTransform",

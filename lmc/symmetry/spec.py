@@ -13,13 +13,14 @@ inside a stored parameter, whatever its storage (``nn.Linear`` is ``out x in``, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 PositionalEncoding = Literal["none", "absolute", "rope"]
 RopeLayout = Literal["half", "interleaved", "axial"]
-SCOPES = ("first_attention", "all_attention", "first_block", "full_model")
+Scope = Literal["first_attention", "all_attention", "first_block", "full_model"]
+SCOPES: tuple[str, ...] = get_args(Scope)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The LightningModule of every lmc experiment (paper Section 6; SPEC section 5).
 
 One module covers image classification, text classification and causal language modelling
-with any supported backbone. ``strategy`` picks the run's role:
+with any supported backbone. ``reinit`` (the paper's re-initialization strategy; named so as
+not to clash with Lightning's ``trainer.strategy``) picks the run's role:
 
 - ``None``: pre-training, every parameter trains;
 - ``"first_attention"``, ``"all_attention"``, ``"first_block"``, ``"full_model"``: start from
@@ -13,6 +14,7 @@ with any supported backbone. ``strategy`` picks the run's role:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -22,13 +24,13 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from lmc.adapters import adapter_for
-from lmc.checkpoints import load_weights
+from lmc.checkpoints import CheckpointError, atomic_write, load_weights, read_checkpoint
 from lmc.models import create_model
-from lmc.symmetry import SCOPES, scope_parameters
+from lmc.symmetry import SCOPES, Scope, scope_parameters
 
 
 class LMCModule(L.LightningModule):
-    """Train or fine-tune one backbone under a re-initialization strategy.
+    """Train or fine-tune one backbone under a re-initialization scope.
 
     Logs ``{train,val,test}/{loss,accuracy}`` (and ``bits_per_token`` for language models) as
     torchmetrics means weighted by samples or tokens.
@@ -37,7 +39,7 @@ class LMCModule(L.LightningModule):
         model: A registered model name (``lmc.models.list_models()``), e.g. ``"reference-vit"``.
         model_config: Config fields overriding the family defaults (e.g. ``{"pe": "rope"}``).
         data: The DataModule's ``describe()`` (task, classes, sizes); the CLI links it.
-        strategy: ``None`` (pre-training) or a re-initialization scope.
+        reinit: ``None`` (pre-training) or the scope to re-initialize and fine-tune.
         reinit_seed: Seed of the re-initialized parameters (one fine-tuning run per seed).
         pretrained: Checkpoint to start from (required with a strategy).
         lr: AdamW learning rate.
@@ -51,7 +53,7 @@ class LMCModule(L.LightningModule):
         model: str = "reference-vit-tiny",
         model_config: dict[str, Any] | None = None,
         data: dict[str, Any] | None = None,
-        strategy: str | None = None,
+        reinit: Scope | None = None,
         reinit_seed: int = 0,
         pretrained: str | None = None,
         lr: float = 1e-3,
@@ -59,10 +61,10 @@ class LMCModule(L.LightningModule):
         warmup_steps: int = 0,
     ):
         super().__init__()
-        if strategy is not None and strategy not in SCOPES:
-            raise ValueError(f"strategy={strategy!r}; choose None (pre-training) or one of {', '.join(SCOPES)}")
-        if strategy is not None and strategy != "full_model" and pretrained is None:
-            raise ValueError(f"strategy {strategy!r} fine-tunes a pre-trained model: set pretrained to its checkpoint")
+        if reinit is not None and reinit not in SCOPES:
+            raise ValueError(f"reinit={reinit!r}; choose None (pre-training) or one of {', '.join(SCOPES)}")
+        if reinit is not None and reinit != "full_model" and pretrained is None:
+            raise ValueError(f"reinit={reinit!r} fine-tunes a pre-trained model: set pretrained to its checkpoint")
         self.save_hyperparameters()
         self.model = self.build_model()
         if pretrained is not None:
@@ -75,9 +77,17 @@ class LMCModule(L.LightningModule):
                 for name in ("loss", "accuracy", "bits_per_token")
             }
         )
-        if strategy is not None:
-            self.reinitialize(strategy, reinit_seed)
+        if reinit is not None:
+            self.reinitialize(reinit, reinit_seed)
         self.adapter = adapter_for(self.model)
+
+    def require_data(self, datamodule) -> None:
+        """Refuse a DataModule that does not fit the data this model was sized for."""
+        if datamodule.describe() != self.hparams.data:
+            raise ValueError(
+                f"the data ({type(datamodule).__name__}: {datamodule.describe()}) does not fit the model, which "
+                f"was built for {self.hparams.data}: evaluate on the data set the checkpoints were trained on"
+            )
 
     def build_model(self) -> nn.Module:
         """A freshly initialized backbone of this module's configuration."""
@@ -154,3 +164,47 @@ class LMCModule(L.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+#: Hyper-parameters that fix the backbone's architecture (the rest are training settings).
+MODEL_FIELDS = ("model", "model_config", "data")
+
+
+def load_trained(path: str | Path) -> tuple[LMCModule, dict[str, Any]]:
+    """An :class:`LMCModule` holding a checkpoint's weights, built from the checkpoint's own settings.
+
+    Nothing else is read: no pre-trained checkpoint, no re-initialization. Returns the module
+    and the checkpoint's hyper-parameters.
+
+    Raises:
+        CheckpointError: ``path`` is not an lmc checkpoint with its hyper-parameters.
+    """
+    checkpoint = read_checkpoint(path)
+    hyperparameters = checkpoint.get("hyper_parameters")
+    if not isinstance(hyperparameters, dict) or "model" not in hyperparameters:
+        raise CheckpointError(
+            f"{path} holds weights without their model's configuration: pass a checkpoint written by lmc fit, "
+            "lmc run or lmc align"
+        )
+    module = LMCModule(**{k: hyperparameters.get(k) for k in MODEL_FIELDS})
+    load_weights(module.model, path)
+    return module, hyperparameters
+
+
+def require_same_model(hyperparameters: dict[str | Path, dict[str, Any]]) -> None:
+    """Refuse checkpoints (path -> hyper-parameters) whose architectures differ, naming the difference."""
+    (first, reference), *others = hyperparameters.items()
+    for path, other in others:
+        differing = [k for k in MODEL_FIELDS if other.get(k) != reference.get(k)]
+        if differing:
+            details = "; ".join(f"{k}: {reference.get(k)!r} in {first}, {other.get(k)!r} in {path}" for k in differing)
+            raise CheckpointError(f"the checkpoints are of different models ({details}): use runs of one experiment")
+
+
+def save_trained(weights: dict[str, torch.Tensor], hyperparameters: dict[str, Any], path: str | Path) -> Path:
+    """Write backbone ``weights`` as an lmc checkpoint (readable by :func:`load_trained`), atomically."""
+    checkpoint = {
+        "state_dict": {f"model.{name}": value for name, value in weights.items()},
+        "hyper_parameters": {k: hyperparameters.get(k) for k in MODEL_FIELDS},
+    }
+    return atomic_write(path, lambda p: torch.save(checkpoint, p))

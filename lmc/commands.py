@@ -1,0 +1,243 @@
+"""The single-step commands of ``lmc``: typed functions whose docstrings are their ``--help``.
+
+``lmc align`` and ``lmc interpolate`` read lmc checkpoints (written by ``lmc fit`` or ``lmc
+run``), which carry their model's configuration: the model is built from the checkpoint itself,
+and two checkpoints of different models are refused. Alignment settings are the fields of
+:class:`~lmc.matching.AlignOptions` (``--method``, ``--metric``, ``--steps``, ...). Flags take
+``_`` or ``-`` between words (``--merge_alpha`` or ``--merge-alpha``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from lmc.matching import AlignOptions
+from lmc.symmetry import Scope
+from lmc.symmetry_demo import DEFAULT_MODELS
+
+
+def align(
+    source: Path,
+    target: Path,
+    output: Path,
+    scope: Scope | None = None,
+    merge_alpha: list[float] | None = None,
+    overwrite: bool = False,
+    options: AlignOptions = AlignOptions(),
+) -> None:
+    """Align SOURCE to TARGET and write the aligned (and merged) models into OUTPUT.
+
+    Writes OUTPUT/aligned.ckpt (computes SOURCE's function, weights close to TARGET's),
+    OUTPUT/report.json and, for each merge alpha a, OUTPUT/merged_<a>.ckpt holding
+    (1 - a) * TARGET + a * aligned SOURCE. The outputs are lmc checkpoints like the inputs.
+
+    Args:
+        source: Checkpoint to transform (lmc fit / lmc run).
+        target: Checkpoint to align to, of the same model.
+        output: Folder for the outputs (created; never one of the inputs).
+        scope: Symmetries to align; default: the re-initialization the checkpoints were fine-tuned with.
+        merge_alpha: Also write the merge at each of these alphas in [0, 1].
+        overwrite: Replace outputs that already exist.
+        options: Alignment settings.
+    """
+    import torch
+
+    from lmc.checkpoints import atomic_write_json
+    from lmc.matching import align as align_models
+    from lmc.training.module import load_trained, require_same_model, save_trained
+
+    alphas = _checked_alphas(merge_alpha or [])
+    outputs = [output / "aligned.ckpt", output / "report.json", *(output / f"merged_{a:g}.ckpt" for a in alphas)]
+    _check_outputs(outputs, inputs=[source, target], overwrite=overwrite)
+    source_module, hyperparameters = load_trained(source)
+    target_module, target_hyperparameters = load_trained(target)
+    require_same_model({source: hyperparameters, target: target_hyperparameters})
+    scope = scope or _trained_scope(hyperparameters)
+    aligned, report = align_models(source_module.model, target_module.model, scope=scope, options=options)
+    aligned_weights = aligned.state_dict()
+    save_trained(aligned_weights, hyperparameters, outputs[0])
+    atomic_write_json(outputs[1], report.to_dict())
+    print(f"aligned {source} to {target} ({scope}, {options.method}): wrote {outputs[0]}")
+    print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
+    target_weights = target_module.model.state_dict()
+    for alpha, path in zip(alphas, outputs[2:]):
+        merged = {name: torch.lerp(target_weights[name], value, alpha) for name, value in aligned_weights.items()}
+        save_trained(merged, hyperparameters, path)
+        print(f"merged (1 - {alpha:g}) * target + {alpha:g} * aligned source: wrote {path}")
+
+
+def interpolate(
+    a: Path,
+    b: Path,
+    data: Any,
+    output_dir: Path,
+    scope: Scope | None = None,
+    split: Literal["val", "test"] = "val",
+    num_alphas: int = 25,
+    batch_size: int | None = None,
+    overwrite: bool = False,
+    options: AlignOptions = AlignOptions(),
+) -> None:
+    """Naive and aligned interpolation curves between checkpoints A and B, with their barriers.
+
+    B is aligned to A, then both curves theta(alpha) = (1 - alpha) A + alpha B are evaluated on
+    the split of DATA. Writes lmc_results.json, .csv and a figure into OUTPUT_DIR; a killed
+    sweep resumes where it stopped.
+
+    Args:
+        a: Checkpoint of end point A (alpha = 0).
+        b: Checkpoint of end point B (alpha = 1), of the same model.
+        data: The DataModule to evaluate on (a configs/data/*.yaml file or a class path).
+        output_dir: Folder for the results.
+        scope: Symmetries to align; default: the re-initialization the checkpoints were fine-tuned with.
+        split: The split the curves are measured on.
+        num_alphas: Points on each curve (at least 2).
+        batch_size: Evaluation batch size (default: the DataModule's).
+        overwrite: Replace results of another sweep in OUTPUT_DIR.
+        options: Alignment settings.
+    """
+    from torch.utils.data import DataLoader
+
+    from lmc.connectivity import measure_connectivity, write_results
+    from lmc.interpolation import evaluate, evenly_spaced
+    from lmc.training.module import load_trained, require_same_model
+
+    alphas = evenly_spaced(num_alphas)
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"--batch_size must be positive, got {batch_size}")
+    _check_outputs([output_dir / "lmc_results.json"], inputs=[a, b], overwrite=True)
+    module, hyperparameters = load_trained(a)
+    reference, reference_hyperparameters = load_trained(b)
+    require_same_model({a: hyperparameters, b: reference_hyperparameters})
+    module.require_data(data)
+    scope = scope or _trained_scope(hyperparameters)
+    loader = DataLoader(data.split(split), batch_size=batch_size or data.batch_size)
+    module.eval()
+    result = measure_connectivity(
+        module.model,
+        reference.model.eval(),
+        lambda: evaluate(module.loss_sums, loader, module.device),
+        alphas,
+        scope,
+        options.method,
+        options.metric,
+        state_path=output_dir / "lmc_sweep_state_0.json",
+    )
+    write_results(
+        output_dir, {"scope": scope, "method": options.method, "split": split, "references": {str(b): result}}
+    )
+    for curve, values in result["curves"].items():
+        print(
+            f"{curve:8s} loss barrier {values['loss_barrier']:.4f}  accuracy barrier {values['accuracy_barrier']:.4f}"
+        )
+    print(f"barrier ratio (aligned / naive, %): {result['barrier_ratio']}; results in {output_dir}")
+
+
+def demo(output_dir: Path = Path("runs/demo"), epochs: int | None = None) -> None:
+    """The main job: pre-train, fine-tune seeds, align and sweep on the embedded digits (offline, CPU).
+
+    Args:
+        output_dir: Where checkpoints, logs and results go.
+        epochs: Pre-training and fine-tuning epochs (default: the main job's 40 and 60).
+    """
+    from lmc import demo as main_job
+
+    if epochs is not None and epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, got {epochs}")
+    main_job.run(output_dir, epochs=epochs)
+
+
+def symmetry(models: list[str] = list(DEFAULT_MODELS), seed: int = 0) -> None:
+    """Random symmetries keep real models' outputs; groups that are too large break them.
+
+    Args:
+        models: Registered model names (lmc.models.list_models()).
+        seed: Seed of the random group elements.
+    """
+    from lmc import symmetry_demo
+    from lmc.models import list_models
+
+    unknown = [m for m in models if m not in list_models()]
+    if unknown:
+        raise ValueError(f"unknown model(s) {unknown}; choose from {', '.join(list_models())}")
+    symmetry_demo.run(tuple(models), seed=seed)
+
+
+COMMANDS: dict[str, Callable[..., None]] = {
+    "align": align,
+    "interpolate": interpolate,
+    "demo": demo,
+    "symmetry": symmetry,
+}
+
+
+def _checked_alphas(alphas: list[float]) -> list[float]:
+    bad = [a for a in alphas if not (math.isfinite(a) and 0 <= a <= 1)]
+    if bad:
+        raise ValueError(f"--merge_alpha values must lie in [0, 1], got {bad}")
+    return list(dict.fromkeys(alphas))
+
+
+def _check_outputs(outputs: list[Path], inputs: list[Path], overwrite: bool) -> None:
+    """Refuse outputs that would replace an input, collide, or replace results without ``overwrite``."""
+    resolved_inputs = {Path(p).resolve() for p in inputs}
+    for path in outputs:
+        if path.resolve() in resolved_inputs:
+            raise ValueError(f"the output {path} would replace an input: choose another output folder")
+        if path.parent.exists() and not path.parent.is_dir():
+            raise ValueError(f"the output folder {path.parent} is a file: choose a folder")
+    existing = [str(p) for p in outputs if p.exists()]
+    if existing and not overwrite:
+        raise ValueError(f"{', '.join(existing)} already exist: pass --overwrite true to replace them")
+
+
+def _trained_scope(hyperparameters: dict[str, Any]) -> str:
+    return hyperparameters.get("reinit") or "full_model"
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+def summary(function: Callable[..., None]) -> str:
+    """The first line of a command's docstring."""
+    return inspect.getdoc(function).splitlines()[0]
+
+
+def parser_for(function: Callable[..., None]):
+    """A jsonargparse parser of ``function``: required parameters positional, AlignOptions flattened."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    parser = ArgumentParser(description=inspect.getdoc(function))
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these arguments")
+    takes_options = "options" in inspect.signature(function).parameters
+    parser.add_function_arguments(function, as_positional=True, skip={"options"}, as_group=False)
+    if takes_options:
+        parser.add_class_arguments(AlignOptions, None, instantiate=False)
+    return parser
+
+
+def call(function: Callable[..., None], parser, config, name: str) -> None:
+    """Instantiate the parsed arguments of ``name`` and call ``function`` with them."""
+    from dataclasses import fields
+
+    arguments = parser.instantiate_classes(config)[name]
+    parameters = inspect.signature(function).parameters
+    kwargs = {k: arguments[k] for k in parameters if k != "options"}
+    if "options" in parameters:
+        kwargs["options"] = AlignOptions(**{f.name: arguments[f.name] for f in fields(AlignOptions)})
+    function(**kwargs)
+
+
+def underscored(argv: list[str]) -> list[str]:
+    """``--merge-alpha 0.5`` -> ``--merge_alpha 0.5``: flags are Python names; both spellings work."""
+    result = []
+    for token in argv:
+        if token.startswith("--"):
+            flag, equals, value = token.partition("=")
+            token = "--" + flag[2:].replace("-", "_") + equals + value
+        result.append(token)
+    return result

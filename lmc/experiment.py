@@ -1,0 +1,457 @@
+"""``lmc run``: the paper's protocol end to end from one experiment config (paper Section 6).
+
+1. pre-train on half A of the training split (or reuse ``protocol.pretrained``);
+2. fine-tune ``protocol.seeds`` seeds on half B, re-initializing ``protocol.reinit`` and freezing
+   everything else (:class:`~lmc.training.LMCModule`);
+3. for every pair of seeds ``i < j`` and every listed alignment, align seed ``i`` to seed ``j``
+   and sweep the naive and the aligned interpolation (25 points by default);
+4. summarize every barrier and barrier ratio over the pairs (mean, spread, extremes).
+
+A run folder holds everything, so a rerun after a kill skips finished fits and finished sweep
+points and ends with identical results::
+
+    <output_dir>/
+      pretrain/final.ckpt, seed<k>/final.ckpt   each with stage.json (its configuration key)
+      pairs/<i>_<j>/<alignment>/                 lmc_results.{json,csv}, figure, sweep state
+      tensorboard/                               training logs; lmc/ holds the curves
+      summary.{json,csv,md}, summary_<alignment>.png
+
+A stage folder made with another configuration is never reused: the run stops and names it
+(``protocol.overwrite`` recomputes it and everything after it).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import io
+import json
+import logging
+import math
+import shutil
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from lmc.checkpoints import atomic_write, atomic_write_json, atomic_write_text, load_weights
+from lmc.connectivity import curve_figure, measure_connectivity, write_results
+from lmc.interpolation import evaluate, evenly_spaced
+from lmc.matching import AlignOptions
+from lmc.symmetry import Scope
+
+log = logging.getLogger(__name__)
+
+#: Trainer settings that change how a run looks, not what it computes: not part of a stage's key.
+_COSMETIC = {"logger", "enable_progress_bar", "enable_model_summary", "log_every_n_steps", "callbacks"}
+#: Callbacks that ``lmc run`` replaces by its own checkpointing and sweeps.
+_REPLACED_CALLBACKS = ("ModelCheckpoint", "AlignAndInterpolate")
+
+
+class RunError(ValueError):
+    """A run folder or protocol that cannot be used as asked; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Length and learning rate of one training phase.
+
+    Attributes:
+        max_epochs: Epochs of this phase (``None``: the experiment's ``trainer.max_epochs``).
+        lr: AdamW learning rate of this phase (``None``: the experiment's ``model.lr``).
+    """
+
+    max_epochs: int | None = None
+    lr: float | None = None
+
+    def __post_init__(self):
+        if self.max_epochs is not None and self.max_epochs < 1:
+            raise ValueError(f"max_epochs must be at least 1, got {self.max_epochs}")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The paper's protocol, run by ``lmc run`` (``lmc fit`` and the other single steps ignore it).
+
+    Attributes:
+        output_dir: The run folder (checkpoints, sweeps, logs, summary).
+        reinit: The re-initialization strategy of the fine-tuning runs.
+        seeds: Fine-tuned seeds (``0 .. seeds - 1``); every pair of them is aligned and swept.
+        pretrained: A pre-trained checkpoint to start from instead of pre-training.
+        pretrain: Schedule of the pre-training on half A.
+        finetune: Schedule of each fine-tuning run on half B.
+        alignments: Alignment settings to compare, each giving one aligned curve per pair
+            (``None``: the default :class:`~lmc.matching.AlignOptions`, the full method).
+        num_alphas: Points on each interpolation curve.
+        split: Where the curves are measured.
+        eval_batch_size: Evaluation batch size (``None``: the DataModule's).
+        overwrite: Recompute stages whose folder holds results of another configuration.
+    """
+
+    output_dir: str = "runs/experiment"
+    reinit: Scope = "first_attention"
+    seeds: int = 3
+    pretrained: str | None = None
+    pretrain: Schedule = field(default_factory=Schedule)
+    finetune: Schedule = field(default_factory=Schedule)
+    alignments: list[AlignOptions] | None = None
+    num_alphas: int = 25
+    split: Literal["val", "test"] = "val"
+    eval_batch_size: int | None = None
+    overwrite: bool = False
+
+    def __post_init__(self):
+        if self.seeds < 2:
+            raise ValueError(f"protocol.seeds must be at least 2 (a pair of fine-tuned runs), got {self.seeds}")
+        if self.num_alphas < 2:
+            raise ValueError(f"protocol.num_alphas must be at least 2, got {self.num_alphas}")
+        if self.alignments is not None and not self.alignments:
+            raise ValueError("protocol.alignments is empty: list at least one, e.g. [{method: full}]")
+        labels = alignment_labels(self.alignment_options)
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"protocol.alignments lists the same settings twice: {labels}")
+        if self.eval_batch_size is not None and self.eval_batch_size < 1:
+            raise ValueError(f"protocol.eval_batch_size must be positive, got {self.eval_batch_size}")
+
+    @property
+    def alignment_options(self) -> list[AlignOptions]:
+        return self.alignments if self.alignments is not None else [AlignOptions()]
+
+
+def alignment_labels(alignments: list[AlignOptions]) -> list[str]:
+    """Short names of alignment settings: the method, plus every field that differs from the defaults."""
+    default = asdict(AlignOptions())
+    labels = []
+    for options in alignments:
+        changed = [f"{k}={v}" for k, v in asdict(options).items() if k != "method" and v != default[k]]
+        labels.append("-".join([options.method, *changed]))
+    return labels
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Stage:
+    """One training run of the protocol: its folder, configuration and upstream."""
+
+    name: str
+    config: Any  # the jsonargparse namespace of this stage
+    key: str
+
+    def folder(self, root: Path) -> Path:
+        return root / self.name
+
+    def checkpoint(self, root: Path) -> Path:
+        return self.folder(root) / "final.ckpt"
+
+
+class Experiment:
+    """Runs :class:`Protocol` for one parsed experiment configuration.
+
+    Args:
+        cli: A LightningCLI (``run=False``) holding the parsed experiment config and its parser.
+    """
+
+    def __init__(self, cli):
+        self.parser, self.config = cli.parser, cli.config
+        self.protocol: Protocol = cli.config_init.protocol
+        self.root = Path(self.protocol.output_dir)
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def _stage_config(self, name: str, overrides: dict[str, Any], schedule: Schedule):
+        config = copy.deepcopy(self.config)
+        for dotted, value in overrides.items():
+            config[dotted] = value
+        if schedule.max_epochs is not None:
+            config["trainer.max_epochs"] = schedule.max_epochs
+        if schedule.lr is not None:
+            config["model.lr"] = schedule.lr
+        config["trainer.logger"] = {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": str(self.root / "tensorboard"), "name": name, "version": ""},
+        }
+        callbacks = config.get("trainer.callbacks") or []
+        config["trainer.callbacks"] = [
+            c for c in callbacks if str(c.class_path).rsplit(".", 1)[-1] not in _REPLACED_CALLBACKS
+        ]
+        config["trainer.enable_checkpointing"] = False
+        return config
+
+    def _key_of(self, config, upstream: str) -> str:
+        trainer = {k: v for k, v in config.trainer.as_dict().items() if k not in _COSMETIC}
+        return _key(config.model.as_dict(), config.data.as_dict(), trainer, config.seed_everything, upstream)
+
+    def pretrain_stage(self) -> _Stage:
+        config = self._stage_config(
+            "pretrain", {"model.reinit": None, "data.init_args.part": "A"}, self.protocol.pretrain
+        )
+        return _Stage("pretrain", config, self._key_of(config, ""))
+
+    def finetune_stage(self, seed: int, pretrained: Path, upstream: str) -> _Stage:
+        base_seed = self.config.seed_everything if isinstance(self.config.seed_everything, int) else 0
+        overrides = {
+            "model.reinit": self.protocol.reinit,
+            "model.reinit_seed": seed,
+            "model.pretrained": str(pretrained),
+            "data.init_args.part": "B",
+            # Data order and dropout differ per seed; 100 apart from pre-training's seed.
+            "seed_everything": base_seed + 100 + seed,
+        }
+        name = f"seed{seed}"
+        config = self._stage_config(name, overrides, self.protocol.finetune)
+        config_for_key = copy.deepcopy(config)
+        config_for_key["model.pretrained"] = None  # the upstream key stands for the checkpoint
+        return _Stage(name, config, self._key_of(config_for_key, upstream))
+
+    def instantiate(self, stage: _Stage):
+        """``(trainer, module, datamodule)`` of a stage, seeded as its config says.
+
+        Parsed anew from the stage's whole config, so the module's saved hyper-parameters are
+        the stage's own (LightningCLI records the config it parsed, not the arguments it got).
+        """
+        from lmc.cli import lightning_cli
+
+        cli = lightning_cli(["--config", self.parser.dump(stage.config)], run=False)
+        return cli.trainer, cli.model, cli.datamodule
+
+    def _finished(self, stage: _Stage) -> bool:
+        record = stage.folder(self.root) / "stage.json"
+        if not record.is_file():
+            return False
+        saved = json.loads(record.read_text()).get("key")
+        if saved == stage.key and stage.checkpoint(self.root).is_file():
+            return True
+        if saved != stage.key and not self.protocol.overwrite:
+            raise RunError(
+                f"{stage.folder(self.root)} holds a {stage.name} run of another configuration: rerun with "
+                f"--protocol.overwrite true to recompute it (and what depends on it), or choose another "
+                f"--protocol.output_dir"
+            )
+        return False
+
+    def fit(self, stage: _Stage) -> Path:
+        """Train a stage unless its checkpoint of the same configuration exists; returns the checkpoint."""
+        checkpoint = stage.checkpoint(self.root)
+        if self._finished(stage):
+            log.info("%s: finished earlier (%s)", stage.name, checkpoint)
+            return checkpoint
+        (stage.folder(self.root) / "stage.json").unlink(missing_ok=True)
+        trainer, module, datamodule = self.instantiate(stage)
+        trainer.fit(module, datamodule)
+        atomic_write(checkpoint, lambda path: trainer.save_checkpoint(path))
+        atomic_write_json(stage.folder(self.root) / "stage.json", {"key": stage.key, "name": stage.name})
+        return checkpoint
+
+    # -- alignment and sweeps ----------------------------------------------------------------
+
+    def sweep_pair(self, stages: list[_Stage], checkpoints: list[Path], i: int, j: int) -> dict[str, Any]:
+        """Align seed ``i`` to seed ``j`` with every listed alignment and sweep both curves."""
+        _, module, datamodule = self.instantiate(stages[j])
+        load_weights(module.model, checkpoints[j])
+        module.eval()
+        reference = load_weights(module.build_model(), checkpoints[i]).eval()
+        dataset = datamodule.split(self.protocol.split)
+        loader = DataLoader(dataset, batch_size=self.protocol.eval_batch_size or datamodule.batch_size)
+        alphas = evenly_spaced(self.protocol.num_alphas)
+        results = {}
+        for label, options in zip(alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options):
+            folder = self.root / "pairs" / f"{i}_{j}" / label
+            result = measure_connectivity(
+                module.model,
+                reference,
+                lambda: evaluate(module.loss_sums, loader, module.device),
+                alphas,
+                self.protocol.reinit,
+                options.method,
+                options.metric,
+                state_path=folder / "lmc_sweep_state_0.json",
+            )
+            write_results(
+                folder,
+                {
+                    "scope": self.protocol.reinit,
+                    "method": label,
+                    "split": self.protocol.split,
+                    "references": {str(checkpoints[i]): result},
+                },
+            )
+            results[label] = result
+        return results
+
+    def run(self) -> dict[str, Any]:
+        """Every stage, every pair, the summary; returns the summary."""
+        protocol = self.protocol
+        if protocol.pretrained is not None:
+            pretrained = Path(protocol.pretrained)
+            if not pretrained.is_file():
+                raise RunError(f"protocol.pretrained {pretrained} does not exist: train it or drop the setting")
+            upstream = _key(str(pretrained.resolve()), pretrained.stat().st_size, pretrained.stat().st_mtime_ns)
+        else:
+            stage = self.pretrain_stage()
+            pretrained, upstream = self.fit(stage), stage.key
+        stages = [self.finetune_stage(seed, pretrained, upstream) for seed in range(protocol.seeds)]
+        checkpoints = [self.fit(stage) for stage in stages]
+        pairs = {}
+        for i in range(protocol.seeds):
+            for j in range(i + 1, protocol.seeds):
+                pairs[(i, j)] = self.sweep_pair(stages, checkpoints, i, j)
+        summary = summarize(pairs, alignment_labels(protocol.alignment_options))
+        summary["protocol"] = {"output_dir": str(self.root), "reinit": protocol.reinit, "seeds": protocol.seeds}
+        write_summary(self.root, summary)
+        log_curves(self.root / "tensorboard" / "lmc", pairs, summary)
+        return summary
+
+
+# -- summary -----------------------------------------------------------------------------------
+
+_BARRIERS = ("loss_barrier", "accuracy_barrier", "loss_barrier_rebasin", "accuracy_barrier_rebasin")
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value), min and max."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan, "count": 0}
+    return {
+        "mean": statistics.fmean(finite),
+        "std": statistics.stdev(finite) if len(finite) > 1 else 0.0,
+        "min": min(finite),
+        "max": max(finite),
+        "count": len(finite),
+    }
+
+
+def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
+    """Mean and spread over pairs of every barrier and barrier ratio, per alignment."""
+    summary: dict[str, Any] = {"pairs": [f"{i}_{j}" for i, j in pairs], "alignments": {}}
+    for label in labels:
+        results = [pair[label] for pair in pairs.values()]
+        entry = {
+            curve: {name: spread([r["curves"][curve][name] for r in results]) for name in _BARRIERS}
+            for curve in ("naive", "aligned")
+        }
+        entry["barrier_ratio"] = {
+            name: spread([r["barrier_ratio"][name] for r in results]) for name in ("loss_barrier", "accuracy_barrier")
+        }
+        entry["per_pair"] = {
+            f"{i}_{j}": {
+                "naive": {name: pair[label]["curves"]["naive"][name] for name in _BARRIERS},
+                "aligned": {name: pair[label]["curves"]["aligned"][name] for name in _BARRIERS},
+                "barrier_ratio": pair[label]["barrier_ratio"],
+            }
+            for (i, j), pair in pairs.items()
+        }
+        entry["mean_curves"] = {
+            curve: _mean_curve([r["curves"][curve]["points"] for r in results]) for curve in ("naive", "aligned")
+        }
+        summary["alignments"][label] = entry
+    return summary
+
+
+def _mean_curve(curves: list[list[dict[str, float]]]) -> list[dict[str, float]]:
+    points = []
+    for index, point in enumerate(curves[0]):
+        row = {"alpha": point["alpha"]}
+        for name in ("loss", "accuracy"):
+            stats = spread([curve[index][name] for curve in curves])
+            row[name], row[f"{name}_std"] = stats["mean"], stats["std"]
+        points.append(row)
+    return points
+
+
+def _cell(stats: dict[str, float], digits: int = 3) -> str:
+    return f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}"
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """The summary as a Markdown table: mean ± standard deviation over pairs."""
+    lines = [
+        f"Pairs of fine-tuned seeds: {len(summary['pairs'])}. Cells: mean ± standard deviation over pairs.",
+        "",
+        "| alignment | naive loss barrier | aligned loss barrier | loss ratio % | naive acc barrier "
+        "| aligned acc barrier | acc ratio % |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, entry in summary["alignments"].items():
+        naive, aligned, ratio = entry["naive"], entry["aligned"], entry["barrier_ratio"]
+        lines.append(
+            f"| {label} | {_cell(naive['loss_barrier'])} | {_cell(aligned['loss_barrier'])} "
+            f"| {_cell(ratio['loss_barrier'], 1)} | {_cell(naive['accuracy_barrier'])} "
+            f"| {_cell(aligned['accuracy_barrier'])} | {_cell(ratio['accuracy_barrier'], 1)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(root: Path, summary: dict[str, Any]) -> None:
+    """``summary.json``, ``summary.csv`` (one row per pair and alignment), ``summary.md`` and figures."""
+    import matplotlib.pyplot as plt
+
+    atomic_write_json(root / "summary.json", summary)
+    rows = io.StringIO()
+    writer = csv.writer(rows)
+    writer.writerow(["alignment", "pair", "curve", *_BARRIERS])
+    for label, entry in summary["alignments"].items():
+        for pair, values in entry["per_pair"].items():
+            for curve in ("naive", "aligned"):
+                writer.writerow([label, pair, curve, *(f"{values[curve][name]:.8f}" for name in _BARRIERS)])
+    atomic_write_text(root / "summary.csv", rows.getvalue())
+    atomic_write_text(root / "summary.md", summary_table(summary))
+    for label, entry in summary["alignments"].items():
+        figure = band_figure(entry["mean_curves"], f"{label}: mean ± std over {len(summary['pairs'])} pairs")
+        atomic_write(root / f"summary_{label}.png", lambda p: figure.savefig(p, format="png", dpi=100))
+        plt.close(figure)
+
+
+def band_figure(mean_curves: dict[str, list[dict[str, float]]], title: str):
+    """Mean interpolation curves with a ±1 standard deviation band (a matplotlib figure)."""
+    figure = curve_figure({curve: {"points": points} for curve, points in mean_curves.items()}, title)
+    for axis, name in zip(figure.axes, ("loss", "accuracy")):
+        for curve, points in mean_curves.items():
+            alphas = [p["alpha"] for p in points]
+            low = [p[name] - p[f"{name}_std"] for p in points]
+            high = [p[name] + p[f"{name}_std"] for p in points]
+            axis.fill_between(alphas, low, high, alpha=0.2)
+    return figure
+
+
+def log_curves(folder: Path, pairs: dict[tuple[int, int], dict[str, Any]], summary: dict[str, Any]) -> None:
+    """TensorBoard scalars (step ``= 1000 * alpha``): every pair's curves, the mean curves with their
+    standard deviation, and the mean barrier ratios."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    shutil.rmtree(folder, ignore_errors=True)  # lmc's own folder: a rerun must not stack copies
+    writer = SummaryWriter(str(folder))
+    try:
+        for label, entry in summary["alignments"].items():
+            series = {f"pair_{i}_{j}": pair[label]["curves"] for (i, j), pair in pairs.items()}
+            series["mean"] = {curve: {"points": points} for curve, points in entry["mean_curves"].items()}
+            for name, curves in series.items():
+                for curve, data in curves.items():
+                    for point in data["points"]:
+                        for metric in ("loss", "accuracy", "loss_std", "accuracy_std"):
+                            if metric in point:
+                                step = round(1000 * point["alpha"])
+                                writer.add_scalar(f"{label}/{name}/{curve}/{metric}", point[metric], step)
+            for name, stats in entry["barrier_ratio"].items():
+                writer.add_scalar(f"{label}/barrier_ratio/{name}_mean", stats["mean"], 0)
+                writer.add_scalar(f"{label}/barrier_ratio/{name}_std", stats["std"], 0)
+    finally:
+        writer.close()
+
+
+def run(cli, report: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the protocol of a parsed experiment and print its summary table."""
+    summary = Experiment(cli).run()
+    report(summary_table(summary))
+    report(f"Results: {Path(cli.config_init.protocol.output_dir)}/summary.md (.json, .csv, figures, tensorboard/)")
+    return summary
