@@ -26,7 +26,7 @@ def _peak_rss() -> int:
 def measure(mode: str) -> dict:
     import torch
 
-    from lmc.interpolation import SweepStore, evaluate, evenly_spaced, sweep
+    from lmc.interpolation import SweepStore, evaluate, evenly_spaced, point_metrics, sweep
     from lmc.models import create_model
 
     torch.manual_seed(0)
@@ -44,7 +44,8 @@ def measure(mode: str) -> dict:
             logits = model(input_ids=batch["inputs"]).flatten(0, 1)
             labels = batch["labels"].flatten()
             loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-            return loss.double(), (logits.argmax(-1) == labels).sum().double(), torch.tensor(float(labels.numel()))
+            correct = (logits.argmax(-1) == labels).sum().double()
+            return {"count": torch.tensor(float(labels.numel())), "loss": loss.double(), "accuracy": correct}
 
         return batch_sums
 
@@ -69,8 +70,8 @@ def measure(mode: str) -> dict:
                 interpolated = copy.deepcopy(model_a)
                 for p, a, b in zip(interpolated.parameters(), endpoint_a, endpoint_b):
                     p.copy_(torch.lerp(a, b, alpha))
-                loss, correct, count = evaluate(sums_for(interpolated), batches, "cpu").tolist()
-                points.append({"alpha": alpha, "loss": loss / count, "accuracy": correct / count})
+                sums = evaluate(sums_for(interpolated), batches, "cpu")
+                points.append({"alpha": alpha, **point_metrics({k: float(v) for k, v in sums.items()})})
                 del interpolated
     seconds = time.perf_counter() - start
     return {

@@ -5,13 +5,19 @@ reference to the model just trained (:func:`lmc.matching.align`, the run's scope
 then evaluates the naive and the aligned interpolation at evenly spaced alphas (25 by default)
 on the validation or test split (SPEC section 4). It logs to TensorBoard the curves (step =
 ``round(1000 * alpha)``), the barriers and a figure, and writes ``lmc_results.json``,
-``lmc_results.csv`` and figures atomically next to the logs.
+``lmc_results.csv`` and ``lmc_interpolation_<i>.png`` atomically next to the logs. The results
+record which run they belong to (the model's checkpoint and weight fingerprint, each
+reference's, every setting); results of another run found in the folder when a run starts are
+first moved to ``stale/`` (one log line says so).
+
+The references and the output folder are checked when fitting starts, not after training.
 
 Distributed (Lightning DDP, one or many nodes): every rank evaluates its own shard (samples
-``rank::world_size``, no padding) and the sums of losses, correct predictions and counts are
+``rank::world_size``, no padding) and the metric sums (``LMCModule.metric_sums``) are
 all-reduced, so the curve equals the single-process one; only rank 0 writes. Killed during a
-sweep, a rerun resumes from the points already in ``lmc_sweep_state.json`` and ends with the
-same results.
+sweep, a rerun resumes from the points already in ``lmc_sweep_state_<i>.json`` (one per
+reference) and ends with the same results; a state of another sweep (other weights, split,
+data or settings) is never reused.
 """
 
 from __future__ import annotations
@@ -22,28 +28,40 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
-from lmc.checkpoints import load_weights
-from lmc.connectivity import BARRIERS, curve_figure, measure_connectivity, write_results
-from lmc.interpolation import evaluate, evenly_spaced
-from lmc.matching import METHODS, METRICS
+from lmc.checkpoints import check_output_folder, checkpoint_file, load_weights
+from lmc.connectivity import (
+    BARRIERS,
+    Evaluation,
+    SweepHooks,
+    curve_figure,
+    data_identity,
+    measure_connectivity,
+    retire_stale_results,
+    run_record,
+    sweep_settings,
+    write_results,
+)
+from lmc.interpolation import evenly_spaced
+from lmc.matching import AlignOptions
 from lmc.symmetry import SCOPES
+
+SPLITS = ("val", "test")
 
 
 class AlignAndInterpolate(L.Callback):
     """Align the trained model with reference checkpoints and log interpolation barriers.
 
     Args:
-        references: Checkpoints (paths or glob patterns) of other seeds' runs; the run's own
-            checkpoint is skipped if a pattern matches it.
+        references: Checkpoints (paths or glob patterns) of other seeds' runs; each must match
+            a file. The run's own checkpoint is skipped if a pattern matches it.
         scope: Alignment scope; ``None`` uses the module's ``strategy`` (``full_model`` when
             pre-training).
-        method: ``"naive"``, ``"permutation"``, ``"orthogonal"`` or ``"full"``.
-        metric: Stage 1 head metric (see :func:`lmc.matching.align`).
-        num_alphas: Points on each curve.
+        options: Alignment options, passed unchanged to :func:`lmc.matching.align`
+            (``None``: the defaults).
+        num_alphas: Points on each curve (at least 2).
         split: ``"val"`` or ``"test"``.
         batch_size: Evaluation batch size (``None``: the DataModule's).
         output_dir: Where results go (``None``: the trainer's log folder).
@@ -53,40 +71,50 @@ class AlignAndInterpolate(L.Callback):
         self,
         references: list[str],
         scope: str | None = None,
-        method: str = "full",
-        metric: str = "invariant",
+        options: AlignOptions | None = None,
         num_alphas: int = 25,
         split: str = "val",
         batch_size: int | None = None,
         output_dir: str | None = None,
     ):
         super().__init__()
-        for name, value, allowed in (
-            ("scope", scope, (None, *SCOPES)),
-            ("method", method, METHODS),
-            ("metric", metric, METRICS),
-            ("split", split, ("val", "test")),
-        ):
-            if value not in allowed:
-                raise ValueError(f"AlignAndInterpolate {name}={value!r}; choose one of {allowed}")
-        self.references, self.scope, self.method, self.metric = references, scope, method, metric
+        if not references:
+            raise ValueError("AlignAndInterpolate needs at least one reference checkpoint (a path or glob pattern)")
+        if scope not in (None, *SCOPES):
+            raise ValueError(f"AlignAndInterpolate scope={scope!r}; choose None (the run's) or one of {SCOPES}")
+        if split not in SPLITS:
+            raise ValueError(f"AlignAndInterpolate split={split!r}; choose one of {SPLITS}")
+        if num_alphas < 2:
+            raise ValueError(f"AlignAndInterpolate num_alphas={num_alphas}; an interpolation needs at least 2 points")
+        self.references, self.scope, self.options = references, scope, options or AlignOptions()
         self.alphas = evenly_spaced(num_alphas)
         self.split, self.batch_size, self.output_dir = split, batch_size, output_dir
         self.results: dict[str, Any] = {}
 
     def reference_paths(self, trainer: L.Trainer) -> list[Path]:
-        paths = sorted({Path(p) for pattern in self.references for p in glob.glob(str(Path(pattern).expanduser()))})
+        """The readable reference checkpoints, without the run's own."""
+        paths = set()
+        for pattern in self.references:
+            matches = glob.glob(str(Path(pattern).expanduser()))
+            if not matches:
+                raise FileNotFoundError(
+                    f"AlignAndInterpolate reference {pattern!r} matches no file: fix the path, or train that "
+                    "seed first (its checkpoint is the reference)"
+                )
+            paths.update(checkpoint_file(match) for match in matches)
         own = {Path(c.best_model_path).resolve() for c in trainer.checkpoint_callbacks if c.best_model_path}
-        paths = [p for p in paths if p.resolve() not in own]
+        paths = sorted(p for p in paths if p.resolve() not in own)
         if not paths:
-            raise FileNotFoundError(
-                f"AlignAndInterpolate found no reference checkpoint matching {self.references}: "
-                "train the other seeds first (their checkpoints are the references)"
-            )
+            raise FileNotFoundError(f"AlignAndInterpolate references {self.references} match only this run's own")
         return paths
 
     def output_folder(self, trainer: L.Trainer) -> Path:
         return Path(self.output_dir or trainer.log_dir or trainer.default_root_dir)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a typo must cost seconds, not a whole training run
+            self.reference_paths(trainer)
+            check_output_folder(self.output_folder(trainer))
 
     def shard_loader(self, trainer: L.Trainer) -> DataLoader:
         """This rank's samples ``rank::world_size`` of the split, in order, without padding."""
@@ -94,6 +122,23 @@ class AlignAndInterpolate(L.Callback):
         dataset = datamodule.split(self.split)
         shard = Subset(dataset, list(range(trainer.global_rank, len(dataset), trainer.world_size)))
         return DataLoader(shard, batch_size=self.batch_size or datamodule.batch_size, shuffle=False)
+
+    def evaluation(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Evaluation:
+        """This rank's shard, evaluated under the trainer's precision and summed over ranks."""
+
+        def metric_sums(batch):
+            with trainer.precision_plugin.forward_context():
+                return pl_module.metric_sums(batch)
+
+        distributed = trainer.world_size > 1
+        return Evaluation(
+            metric_sums,
+            self.shard_loader(trainer),
+            self.split,
+            data=data_identity(trainer.datamodule),
+            architecture={key: pl_module.hparams.get(key) for key in ("model", "model_config")},
+            all_reduce=(lambda sums: trainer.strategy.reduce(sums, reduce_op="sum")) if distributed else None,
+        )
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.results = self.run(trainer, pl_module)
@@ -103,34 +148,28 @@ class AlignAndInterpolate(L.Callback):
         started = time.perf_counter()
         scope = self.scope or pl_module.hparams.get("strategy") or "full_model"
         folder = self.output_folder(trainer)
-        loader = self.shard_loader(trainer)
-
-        def evaluate_point() -> torch.Tensor:
-            with trainer.precision_plugin.forward_context():
-                sums = evaluate(pl_module.loss_sums, loader, pl_module.device)
-            return trainer.strategy.reduce(sums, reduce_op="sum") if trainer.world_size > 1 else sums
-
-        results: dict[str, Any] = {"scope": scope, "method": self.method, "split": self.split, "references": {}}
+        paths = self.reference_paths(trainer)
+        evaluation = self.evaluation(trainer, pl_module)
+        settings = sweep_settings(scope, self.options, self.alphas, evaluation)
+        checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
+        results: dict[str, Any] = {"run": run_record(pl_module.model, checkpoint, paths, settings), "references": {}}
+        if trainer.is_global_zero:
+            retire_stale_results(folder, results["run"]["key"])
         was_training = pl_module.training
         pl_module.eval()
-        paths = self.reference_paths(trainer)
         show = trainer.is_global_zero and trainer.progress_bar_callback is not None
         bar = tqdm(total=2 * len(self.alphas) * len(paths), desc="Align and interpolate", disable=not show)
         try:
             for index, path in enumerate(paths):
                 reference = load_weights(pl_module.build_model(), path).to(pl_module.device).eval()
-                results["references"][str(path)] = measure_connectivity(
-                    pl_module.model,
-                    reference,
-                    evaluate_point,
-                    self.alphas,
-                    scope,
-                    self.method,
-                    self.metric,
+                hooks = SweepHooks(
                     state_path=folder / f"lmc_sweep_state_{index}.json",
                     write=trainer.is_global_zero,
-                    synchronize=trainer.strategy.barrier,
+                    barrier=trainer.strategy.barrier,
                     progress=lambda message: bar.update(1),
+                )
+                results["references"][str(path)] = measure_connectivity(
+                    pl_module.model, reference, scope, self.options, self.alphas, evaluation, hooks
                 )
         finally:
             bar.close()
@@ -150,8 +189,9 @@ class AlignAndInterpolate(L.Callback):
             for curve, data in result["curves"].items():
                 for point in data["points"]:
                     step = round(1000 * point["alpha"])
-                    experiment.add_scalar(f"{tag}/{curve}/loss", point["loss"], step)
-                    experiment.add_scalar(f"{tag}/{curve}/accuracy", point["accuracy"], step)
+                    for metric, value in point.items():
+                        if metric != "alpha":
+                            experiment.add_scalar(f"{tag}/{curve}/{metric}", value, step)
                 for name in BARRIERS:
                     experiment.add_scalar(f"{tag}/{curve}/{name}", data[name], 0)
             for name, value in result["barrier_ratio"].items():

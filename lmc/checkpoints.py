@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
+import pickle
+import re
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,17 +22,57 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable or does not fit the model."""
 
 
+class WriteError(OSError):
+    """A file lmc writes could not be written (disk full, read-only folder, a file where a folder should be)."""
+
+
+def unwritable_reason(folder: str | Path) -> str | None:
+    """Why files cannot be created in ``folder`` (or in the folders that would be made for it), else ``None``."""
+    existing = Path(folder)
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def check_output_folder(folder: str | Path) -> Path:
+    """``folder`` if files can be written into it (it need not exist yet); else a :class:`WriteError`."""
+    reason = unwritable_reason(folder)
+    if reason is not None:
+        raise WriteError(f"cannot write into {folder}: {reason}; choose another output folder")
+    return Path(folder)
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(temporary_path)`` then move the file into place, so no reader sees half a file."""
+    """Call ``write(temporary_path)`` then move the file into place, so no reader sees half a file.
+
+    The file gets the permissions of any new file (``0o666`` less the umask), as the files
+    Lightning writes beside it do.
+
+    Raises:
+        WriteError: The file could not be written (naming ``path``, not the temporary file).
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
+    temporary, created = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"), False
     try:
-        write(Path(temporary))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # open(2) with mode 0o666 lets the kernel apply the umask: the mode any new file gets here.
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        created, mode = True, os.fstat(handle).st_mode & 0o777
+        os.close(handle)
+        write(temporary)
+        os.chmod(temporary, mode)  # writers may set their own (safetensors writes 0o600)
         os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+    except BaseException as error:
+        if created:
+            with contextlib.suppress(OSError):  # the writer may have removed it already
+                temporary.unlink()
+        if isinstance(error, OSError):
+            reason = unwritable_reason(path.parent) or error.strerror or str(error)
+            raise WriteError(f"cannot write {path}: {reason}") from error
         raise
     return path
 
@@ -42,29 +85,69 @@ def atomic_write_json(path: str | Path, data: object) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, default=float) + "\n")
 
 
-def read_checkpoint(path: str | Path) -> dict:
-    """The whole content of a Lightning ``.ckpt`` or ``.pt`` file, read without unpickling code."""
+def checkpoint_file(path: str | Path) -> Path:
+    """``path`` if it is a readable, non-empty file; else a :class:`CheckpointError` saying what it is."""
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder: give the .ckpt, .safetensors or .pt file inside it")
+    if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if not os.access(path, os.R_OK):
+        raise CheckpointError(f"checkpoint {path} is not readable: check its permissions")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): it was not written completely; write it again")
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The content of a Lightning ``.ckpt`` or ``.pt`` file, unpickling only tensors and plain containers.
+
+    A checkpoint is never allowed to run code (``weights_only=True``).
+
+    Raises:
+        CheckpointError: The file is missing, a folder, empty, truncated, not a checkpoint, or
+            holds objects other than weights; the message names the file.
+    """
+    path = checkpoint_file(path)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # unpickling errors have many types
-        raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
+    except pickle.UnpicklingError as error:  # torch's message would advise the unsafe weights_only=False
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        detail = f" (found {found.group(1)})" if found else ""
+        raise CheckpointError(
+            f"checkpoint {path} holds Python objects besides weights{detail}, which lmc does not unpickle: "
+            "save the model's state_dict (lmc.checkpoints.save_weights) and give that file"
+        ) from error
+    except Exception as error:  # truncated archives raise RuntimeError, OSError, EOFError, KeyError, ...
+        text = str(error).strip()
+        detail = f"{type(error).__name__}: {text.split('. ')[0]}" if text else type(error).__name__
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: truncated or not a PyTorch checkpoint ({detail})"
+        ) from error
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"{path} holds no checkpoint dict (found {type(loaded).__name__})")
     return loaded
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Model weights from a Lightning ``.ckpt`` (an ``LMCModule``'s), a ``.safetensors`` or a ``.pt`` file."""
-    path = Path(path)
+    """Model weights from a Lightning ``.ckpt`` (an ``LMCModule``'s), a ``.safetensors`` or a ``.pt`` file.
+
+    Raises:
+        CheckpointError: As :func:`read_checkpoint`, for safetensors files too.
+    """
+    path = checkpoint_file(path)
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except SafetensorError as error:
+            raise CheckpointError(f"cannot read {path}: truncated or not a safetensors file ({error})") from error
     loaded = read_checkpoint(path)
-    state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
+    state = loaded.get("state_dict", loaded)
     if not isinstance(state, dict):
-        raise CheckpointError(f"{path} holds no state dict (found {type(loaded).__name__})")
+        raise CheckpointError(f"{path} holds no state dict (found {type(state).__name__})")
     if any(key.startswith(MODEL_PREFIX) for key in state):  # a Lightning checkpoint of LMCModule
         state = {key[len(MODEL_PREFIX) :]: value for key, value in state.items() if key.startswith(MODEL_PREFIX)}
     return state

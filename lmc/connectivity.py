@@ -1,13 +1,21 @@
 """Measure linear mode connectivity between a model and a reference, naive and aligned.
 
-Shared by the ``AlignAndInterpolate`` callback, ``lmc interpolate`` and the main job.
+Shared by the ``AlignAndInterpolate`` callback, ``lmc interpolate`` and the main job. A sweep
+is identified by a key over everything that changes a point (both models' exact weights, the
+scope, every alignment option, the alphas, the split, the data and the model's architecture),
+so that finished points are reused only by the very same sweep; results record that identity.
 """
 
 from __future__ import annotations
 
 import csv
+import inspect
 import io
-from collections.abc import Callable
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,57 +23,163 @@ import torch
 from torch import nn
 
 from lmc.checkpoints import atomic_write, atomic_write_json, atomic_write_text
-from lmc.interpolation import SweepStore, barriers, fingerprint, sweep
-from lmc.matching import align
+from lmc.interpolation import (
+    BARRIER_METRICS,
+    MetricSums,
+    SweepStore,
+    barriers,
+    evaluate,
+    fingerprint,
+    reduce_sums,
+    sweep,
+)
+from lmc.matching import AlignOptions, align
+
+log = logging.getLogger(__name__)
 
 CURVES = ("naive", "aligned")
 BARRIERS = ("loss_barrier", "accuracy_barrier", "loss_barrier_rebasin", "accuracy_barrier_rebasin")
+#: The files :func:`write_results` writes (glob patterns), moved aside by :func:`retire_stale_results`.
+RESULT_FILES = ("lmc_results.json", "lmc_results.csv", "lmc_interpolation_*.png")
+STALE_FOLDER = "stale"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How each interpolated point is evaluated, and what identifies it.
+
+    ``split``, ``data`` and ``architecture`` enter the sweep's key. The batch size and the number of
+    processes do not: they regroup the same samples, which changes a point only by
+    floating-point rounding.
+
+    Attributes:
+        metric_sums: Named float64 sums of one batch, ``count`` included
+            (:meth:`lmc.training.LMCModule.metric_sums`).
+        batches: This process's batches (its shard when distributed), iterated once per point.
+        split: The split evaluated (``"val"`` or ``"test"``).
+        data: Identity of the data: the DataModule's class and settings (:func:`data_identity`).
+        architecture: The model's construction settings (name and config): weights alone do not
+            fix the function (a rotary layout, a positional encoding).
+        all_reduce: Sums a tensor over processes (``None``: a single process).
+    """
+
+    metric_sums: MetricSums
+    batches: Iterable[dict[str, torch.Tensor]]
+    split: str
+    data: Mapping[str, Any]
+    architecture: Mapping[str, Any]
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What this evaluation contributes to a sweep's key."""
+        return {"split": self.split, "data": dict(self.data), "architecture": dict(self.architecture)}
+
+    def sums(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The metric sums of the model's current weights over every process's batches."""
+        sums = evaluate(self.metric_sums, self.batches, device)
+        return sums if self.all_reduce is None else reduce_sums(sums, self.all_reduce)
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class SweepHooks:
+    """Persistence and coordination of a sweep between processes.
+
+    Attributes:
+        state_path: Resumable record of finished points (``None``: not persisted).
+        write: Whether this process writes ``state_path`` (rank 0 only).
+        barrier: Waits for every process; called after each has read the state, before it changes.
+        progress: Called with a short message after each point.
+    """
+
+    state_path: Path | None = None
+    write: bool = True
+    barrier: Callable[[], None] = _nothing
+    progress: Callable[[str], None] | None = None
+
+
+def data_identity(datamodule: object) -> dict[str, Any]:
+    """A DataModule's class and the constructor settings it keeps, but the batch size and workers.
+
+    Two DataModules of the same class and settings give the same samples in every split.
+    """
+    kind = type(datamodule)
+    names = inspect.signature(kind.__init__).parameters
+    settings = {
+        name: getattr(datamodule, name)
+        for name in names
+        if name not in ("self", "batch_size", "num_workers") and hasattr(datamodule, name)
+    }
+    return {"class": f"{kind.__module__}.{kind.__qualname__}", **settings}
+
+
+def sweep_settings(scope: str, options: AlignOptions, alphas: list[float], evaluation: Evaluation) -> dict[str, Any]:
+    """Every setting that changes a point of a sweep, besides the two models' weights (as JSON values)."""
+    settings = {"scope": scope, "options": asdict(options), "alphas": list(alphas), **evaluation.identity()}
+    return json.loads(json.dumps(settings, default=str))
 
 
 def measure_connectivity(
     model: nn.Module,
     reference: nn.Module,
-    evaluate_point: Callable[[], torch.Tensor],
-    alphas: list[float],
     scope: str,
-    method: str = "full",
-    metric: str = "invariant",
-    state_path: Path | None = None,
-    write: bool = True,
-    synchronize: Callable[[], None] = lambda: None,
-    progress: Callable[[str], None] | None = None,
+    options: AlignOptions,
+    alphas: list[float],
+    evaluation: Evaluation,
+    hooks: SweepHooks = SweepHooks(),
 ) -> dict[str, Any]:
     """Align ``reference`` to ``model``, then sweep the naive and the aligned interpolation.
 
     Args:
         model: End point A; receives the interpolated weights during the sweep and ends with its own.
         reference: End point B before alignment (never modified).
-        evaluate_point: ``(loss, correct, count)`` sums of ``model``'s current weights (reduced
-            over processes when distributed).
+        scope: Alignment scope (see :func:`lmc.matching.align`).
+        options: Passed unchanged to :func:`lmc.matching.align`.
         alphas: Interpolation coefficients.
-        scope, method, metric: Passed to :func:`lmc.matching.align`.
-        state_path: Resumable record of finished points (``None``: not persisted).
-        write: Whether this process writes ``state_path`` (rank 0).
-        synchronize: A barrier between processes (after every rank has read the state).
-        progress: Called with a short message after each point.
+        evaluation: How every point is evaluated.
+        hooks: Where finished points persist, and the coordination between processes.
 
     Returns:
-        ``{"curves": {curve: {"points": [...], <barriers>}}, "barrier_ratio": {...}, "alignment": {...}}``.
+        ``{"model_fingerprint", "reference_fingerprint", "settings", "key", "curves": {curve:
+        {"points": [...], <barriers>}}, "barrier_ratio": {...}, "alignment": {...}}``; ``key``
+        identifies the sweep (weights and settings).
     """
-    aligned, report = align(reference, model, scope=scope, method=method, metric=metric)
+    aligned, report = align(reference, model, scope, options=options)
     endpoint_a = [p.detach().clone() for p in model.parameters()]
     endpoints = {"naive": list(reference.parameters()), "aligned": list(aligned.parameters())}
-    key = fingerprint(endpoint_a, endpoints["naive"], extra=[scope, method, metric, alphas])
-    store = SweepStore.open(state_path, key)
-    synchronize()
+    identity = {
+        "model_fingerprint": fingerprint(endpoint_a),
+        "reference_fingerprint": fingerprint(endpoints["naive"]),
+        "settings": sweep_settings(scope, options, alphas, evaluation),
+    }
+    key = fingerprint(extra=identity)
+    store = SweepStore.open(hooks.state_path, key)
+    hooks.barrier()
+    device = endpoint_a[0].device
     curves = {}
     for curve in CURVES:
-        points = sweep(model, endpoint_a, endpoints[curve], evaluate_point, alphas, store, curve, write, progress)
-        curves[curve] = {
-            "points": points,
-            **barriers(alphas, [p["loss"] for p in points], [p["accuracy"] for p in points]),
-        }
-    return {"curves": curves, "barrier_ratio": barrier_ratios(curves), "alignment": report.to_dict()}
+        points = sweep(
+            model,
+            endpoint_a,
+            endpoints[curve],
+            lambda: evaluation.sums(device),
+            alphas,
+            store,
+            curve,
+            hooks.write,
+            hooks.progress,
+        )
+        curves[curve] = {"points": points, **barriers(points)}
+    return {
+        **identity,
+        "key": key,
+        "curves": curves,
+        "barrier_ratio": barrier_ratios(curves),
+        "alignment": report.to_dict(),
+    }
 
 
 def barrier_ratios(curves: dict[str, Any]) -> dict[str, float]:
@@ -84,37 +198,87 @@ def curve_figure(curves: dict[str, Any], title: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(9, 3.5))
+    figure, axes = plt.subplots(1, len(BARRIER_METRICS), figsize=(9, 3.5))
     for curve, data in curves.items():
         alphas = [p["alpha"] for p in data["points"]]
-        loss_axis.plot(alphas, [p["loss"] for p in data["points"]], marker=".", label=curve)
-        accuracy_axis.plot(alphas, [p["accuracy"] for p in data["points"]], marker=".", label=curve)
-    loss_axis.set(xlabel="alpha", ylabel="loss", title=title)
-    accuracy_axis.set(xlabel="alpha", ylabel="accuracy")
-    loss_axis.legend()
+        for axis, metric in zip(axes, BARRIER_METRICS):
+            axis.plot(alphas, [p[metric] for p in data["points"]], marker=".", label=curve)
+    for axis, metric in zip(axes, BARRIER_METRICS):
+        axis.set(xlabel="alpha", ylabel=metric)
+    axes[0].set(title=title)
+    axes[0].legend()
     figure.tight_layout()
     return figure
+
+
+def run_record(model: nn.Module, checkpoint: str | None, references: list[Path], settings: dict[str, Any]) -> dict:
+    """The identity of a run's results: the model's checkpoint and fingerprint, the references, the settings.
+
+    ``key`` changes with the model's weights, the settings and any reference file (its path,
+    size or modification time); the references' weights are fingerprinted by each sweep.
+    """
+    record = {
+        "model": {"checkpoint": checkpoint, "fingerprint": fingerprint(model.parameters())},
+        "references": {str(p): {"bytes": p.stat().st_size, "modified_ns": p.stat().st_mtime_ns} for p in references},
+        "settings": settings,
+    }
+    return {"key": fingerprint(extra=record), **record, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def results_key(folder: Path) -> str | None:
+    """The run key of the results in ``folder`` (``None``: none, unreadable, or written before keys existed)."""
+    path = Path(folder) / RESULT_FILES[0]
+    try:
+        return json.loads(path.read_text())["run"]["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def retire_stale_results(folder: Path, key: str) -> list[Path]:
+    """Move results of another run out of ``folder`` into ``folder/stale/``, before this run writes anything.
+
+    Results are another run's when ``lmc_results.json`` carries another key, or is missing
+    beside other results files. Older files in ``stale/`` are replaced; sweep states stay (each
+    is reused only by its own sweep). Logs one line when something moved.
+
+    Returns:
+        The moved files, at their new place.
+    """
+    folder = Path(folder)
+    found = sorted(p for pattern in RESULT_FILES for p in folder.glob(pattern))
+    if not found or results_key(folder) == key:
+        return []
+    stale = folder / STALE_FOLDER
+    for old in (p for pattern in RESULT_FILES for p in stale.glob(pattern)):
+        old.unlink()
+    stale.mkdir(exist_ok=True)
+    moved = [p.replace(stale / p.name) for p in found]
+    log.warning(f"moved {len(moved)} results file(s) of another run from {folder} to {stale}")
+    return moved
 
 
 def write_results(folder: Path, results: dict[str, Any]) -> None:
     """``lmc_results.json``, ``lmc_results.csv`` and one ``lmc_interpolation_<i>.png`` per reference, atomically.
 
-    ``results["references"]`` maps a reference name to :func:`measure_connectivity`'s output.
+    ``results["references"]`` maps a reference name to :func:`measure_connectivity`'s output;
+    ``results["run"]`` (:func:`run_record`) says which run they belong to. The CSV has one
+    column per metric of the points.
     """
     import matplotlib.pyplot as plt
 
     folder = Path(folder)
-    atomic_write_json(folder / "lmc_results.json", results)
+    atomic_write_json(folder / RESULT_FILES[0], results)
     rows = io.StringIO()
     writer = csv.writer(rows)
-    writer.writerow(["reference", "curve", "alpha", "loss", "accuracy"])
+    metrics = None
     for name, result in results["references"].items():
         for curve, data in result["curves"].items():
             for point in data["points"]:
-                writer.writerow(
-                    [name, curve, f"{point['alpha']:.6f}", f"{point['loss']:.8f}", f"{point['accuracy']:.8f}"]
-                )
-    atomic_write_text(folder / "lmc_results.csv", rows.getvalue())
+                if metrics is None:
+                    metrics = list(point)
+                    writer.writerow(["reference", "curve", *metrics])
+                writer.writerow([name, curve, *(f"{point[m]:.8f}" for m in metrics)])
+    atomic_write_text(folder / RESULT_FILES[1], rows.getvalue())
     for index, (name, result) in enumerate(results["references"].items()):
         figure = curve_figure(result["curves"], Path(name).name)
         atomic_write(folder / f"lmc_interpolation_{index}.png", lambda p: figure.savefig(p, format="png", dpi=100))

@@ -2,14 +2,15 @@
 
 ``theta(alpha) = (1 - alpha) theta_A + alpha theta_B`` is evaluated at evenly spaced alphas.
 The sweep writes each interpolated point into one model in place (no copy per alpha), keeps
-exact sums (loss, correct, count) so that shards of a distributed run reduce exactly, and
-records finished points in a resumable file.
+exact named sums (``{"count", "loss", "accuracy", ...}``, see ``LMCModule.metric_sums``) so
+that shards of a distributed run reduce exactly, and records finished points in a resumable file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,10 @@ from torch import nn
 
 from lmc.checkpoints import atomic_write_json
 
-#: ``(summed loss, correct, count)`` of one batch.
-BatchSums = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+#: Named float64 sums over the samples (or tokens) of one batch: ``{"count": n, "loss": ..., ...}``.
+MetricSums = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+#: The metrics whose barriers are measured (every metric is swept and recorded).
+BARRIER_METRICS = ("loss", "accuracy")
 
 
 def evenly_spaced(count: int = 25) -> list[float]:
@@ -30,16 +33,16 @@ def evenly_spaced(count: int = 25) -> list[float]:
     return [k / (count - 1) for k in range(count)]
 
 
-def barriers(alphas: list[float], losses: list[float], accuracies: list[float]) -> dict[str, float]:
-    """The barriers of one curve.
+def barriers(points: list[dict[str, float]]) -> dict[str, float]:
+    """The loss and accuracy barriers of one curve of ``{"alpha", "loss", "accuracy", ...}`` points.
 
     ``loss_barrier`` and ``accuracy_barrier`` are the paper's (largest gap to the straight line
     between the end points); ``*_barrier_rebasin`` are Git Re-Basin's (largest gap to the mean
     of the end points).
     """
-    a = torch.tensor(alphas, dtype=torch.float64)
-    loss = torch.tensor(losses, dtype=torch.float64)
-    accuracy = torch.tensor(accuracies, dtype=torch.float64)
+    a, loss, accuracy = (
+        torch.tensor([p[k] for p in points], dtype=torch.float64) for k in ("alpha", "loss", "accuracy")
+    )
     loss_line = (1 - a) * loss[0] + a * loss[-1]
     accuracy_line = (1 - a) * accuracy[0] + a * accuracy[-1]
     return {
@@ -51,22 +54,46 @@ def barriers(alphas: list[float], losses: list[float], accuracies: list[float]) 
 
 
 @torch.no_grad()
-def evaluate(batch_sums: BatchSums, batches: Iterable[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
-    """Summed ``(loss, correct, count)`` over ``batches``, float64, shape ``(3,)``."""
-    total = torch.zeros(3, dtype=torch.float64, device=device)
+def evaluate(
+    metric_sums: MetricSums, batches: Iterable[dict[str, torch.Tensor]], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Each of ``metric_sums``'s sums added over ``batches``: float64 scalars on ``device``."""
+    totals: dict[str, torch.Tensor] = {}
     for batch in batches:
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        total += torch.stack(batch_sums(batch))
-    return total
+        for name, value in metric_sums(batch).items():
+            totals[name] = totals.get(name, 0) + value.double()
+    if "count" not in totals:
+        raise ValueError("nothing was evaluated: the batches are empty or the metric sums have no 'count'")
+    return totals
 
 
-def fingerprint(*tensor_lists: list[torch.Tensor], extra: object = None) -> str:
-    """A short hash of weights and settings: a resumed sweep must be the same sweep."""
+def reduce_sums(
+    sums: dict[str, torch.Tensor], all_reduce: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``sums`` added over processes with one collective (stacked in sorted name order, the same on every rank)."""
+    names = sorted(sums)
+    reduced = dict(zip(names, all_reduce(torch.stack([sums[name] for name in names])).unbind()))
+    return {name: reduced[name] for name in sums}
+
+
+def point_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Every metric of a point: its sum over the samples (or tokens) divided by their ``count``."""
+    return {name: value / sums["count"] for name, value in sums.items() if name != "count"}
+
+
+def fingerprint(*tensor_lists: Iterable[torch.Tensor], extra: object = None) -> str:
+    """A short hash of the exact bytes, dtypes and shapes of tensors, and of JSON-able settings ``extra``.
+
+    Any change of a weight, including a permutation, changes it. One tensor at a time is
+    copied to the CPU, so the memory used stays that of the largest tensor.
+    """
     digest = hashlib.sha256(json.dumps(extra, sort_keys=True, default=str).encode())
     for tensors in tensor_lists:
-        for t in tensors:
-            digest.update(t.detach().double().sum().cpu().numpy().tobytes())
-            digest.update(t.detach().double().pow(2).sum().cpu().numpy().tobytes())
+        for tensor in tensors:
+            tensor = tensor.detach().cpu().contiguous()
+            digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()[:16]
 
 
@@ -74,8 +101,9 @@ def fingerprint(*tensor_lists: list[torch.Tensor], extra: object = None) -> str:
 class SweepStore:
     """Finished points of sweeps, persisted atomically after each point.
 
-    The file maps ``curve -> {alpha index: {"alpha", "loss", "accuracy"}}`` and carries the
-    fingerprint of the sweep; a file from another sweep is ignored.
+    The file holds ``{"key": ..., "points": {curve: {alpha index: point}}}``. It is only a
+    cache: a file of another sweep (another key) is ignored, an unreadable one too (with a
+    warning naming it), and its points are evaluated again.
     """
 
     path: Path | None
@@ -84,12 +112,17 @@ class SweepStore:
 
     @classmethod
     def open(cls, path: str | Path | None, key: str) -> SweepStore:
+        path = None if path is None else Path(path)
         points = {}
-        if path is not None and Path(path).is_file():
-            saved = json.loads(Path(path).read_text())
-            if saved.get("fingerprint") == key:
+        if path is not None and path.is_file():
+            try:
+                saved = json.loads(path.read_text())
+            except ValueError as error:  # a truncated or garbled file
+                warnings.warn(f"ignoring the unreadable sweep state {path} ({error}); its points are evaluated again")
+                saved = None
+            if isinstance(saved, dict) and saved.get("key") == key and isinstance(saved.get("points"), dict):
                 points = saved["points"]
-        return cls(None if path is None else Path(path), key, points)
+        return cls(path, key, points)
 
     def get(self, curve: str, index: int) -> dict[str, float] | None:
         return self.points.get(curve, {}).get(str(index))
@@ -97,7 +130,7 @@ class SweepStore:
     def put(self, curve: str, index: int, point: dict[str, float], write: bool) -> None:
         self.points.setdefault(curve, {})[str(index)] = point
         if write and self.path is not None:
-            atomic_write_json(self.path, {"fingerprint": self.key, "points": self.points})
+            atomic_write_json(self.path, {"key": self.key, "points": self.points})
 
 
 @torch.no_grad()
@@ -105,7 +138,7 @@ def sweep(
     model: nn.Module,
     endpoint_a: list[torch.Tensor],
     endpoint_b: list[torch.Tensor],
-    evaluate_point: Callable[[], torch.Tensor],
+    evaluate_point: Callable[[], dict[str, torch.Tensor]],
     alphas: list[float],
     store: SweepStore,
     curve: str,
@@ -118,7 +151,7 @@ def sweep(
         model: Receives the interpolated weights (its parameters, in ``named_parameters`` order,
             match ``endpoint_a`` and ``endpoint_b``). Left holding ``endpoint_a`` afterwards.
         endpoint_a, endpoint_b: The end points' parameters.
-        evaluate_point: Returns the (reduced) ``(loss, correct, count)`` sums of the current weights.
+        evaluate_point: The (reduced) metric sums of the current weights, ``count`` included.
         alphas: Interpolation coefficients.
         store: Finished points; those already there are not evaluated again.
         curve: Name of the curve in ``store``.
@@ -126,7 +159,7 @@ def sweep(
         progress: Called with a short message after each point.
 
     Returns:
-        One ``{"alpha", "loss", "accuracy"}`` per alpha.
+        One ``{"alpha", <metric>: sum / count, ...}`` per alpha.
     """
     parameters = list(model.parameters())
     if not (len(parameters) == len(endpoint_a) == len(endpoint_b)):
@@ -138,12 +171,12 @@ def sweep(
             if point is None:
                 for target, a, b in zip(parameters, endpoint_a, endpoint_b):
                     target.copy_(torch.lerp(a, b, alpha))
-                loss_sum, correct, count = evaluate_point().tolist()
-                point = {"alpha": alpha, "loss": loss_sum / count, "accuracy": correct / count}
+                sums = {name: float(value) for name, value in evaluate_point().items()}
+                point = {"alpha": alpha, **point_metrics(sums)}
                 store.put(curve, index, point, write)
             points.append(point)
             if progress is not None:
-                progress(f"{curve} alpha={alpha:.3f} loss={point['loss']:.4f} acc={point['accuracy']:.4f}")
+                progress(f"{curve} " + " ".join(f"{name}={value:.4f}" for name, value in point.items()))
     finally:
         for target, a in zip(parameters, endpoint_a):
             target.copy_(a)

@@ -86,7 +86,7 @@ def test_callbacks_config_instantiates_align_and_interpolate(tmp_path, monkeypat
     path = CONFIGS / "callbacks" / "align_and_interpolate.yaml"
     cli = lightning_cli(["--config", BASE, "--config", str(path)], run=False)
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, AlignAndInterpolate)]
-    assert len(callback.alphas) == 25 and callback.method == "full"
+    assert len(callback.alphas) == 25 and callback.options.method == "full"
 
 
 def test_a_bad_config_value_is_reported(tmp_path, monkeypatch, capsys):

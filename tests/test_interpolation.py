@@ -9,33 +9,52 @@ import pytest
 import torch
 from torch import nn
 
-from lmc.interpolation import SweepStore, barriers, evaluate, evenly_spaced, fingerprint, sweep
+from lmc.interpolation import (
+    SweepStore,
+    barriers,
+    evaluate,
+    evenly_spaced,
+    fingerprint,
+    point_metrics,
+    reduce_sums,
+    sweep,
+)
 
 
 def _model(seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
 
 
 def _batches():
     generator = torch.Generator().manual_seed(0)
     return [
-        {"inputs": torch.randn(10, 6, generator=generator), "labels": torch.randint(3, (10,), generator=generator)}
+        {
+            "inputs": torch.randn(10, 6, generator=generator, dtype=torch.float64),
+            "labels": torch.randint(3, (10,), generator=generator),
+        }
         for _ in range(3)
     ]
 
 
 def _sums(model: nn.Module):
-    def batch_sums(batch):
+    def metric_sums(batch):
         logits = model(batch["inputs"])
-        loss = nn.functional.cross_entropy(logits, batch["labels"], reduction="sum")
-        correct = (logits.argmax(-1) == batch["labels"]).sum()
-        return loss.double(), correct.double(), torch.tensor(len(batch["labels"]), dtype=torch.float64)
+        return {
+            "count": torch.tensor(len(batch["labels"]), dtype=torch.float64),
+            "loss": nn.functional.cross_entropy(logits, batch["labels"], reduction="sum"),
+            "accuracy": (logits.argmax(-1) == batch["labels"]).sum().double(),
+        }
 
-    return batch_sums
+    return metric_sums
 
 
-def test_in_place_sweep_equals_one_copy_per_alpha(tmp_path):
+def _point(model: nn.Module) -> dict[str, float]:
+    sums = evaluate(_sums(model), _batches(), torch.device("cpu"))
+    return point_metrics({name: float(value) for name, value in sums.items()})
+
+
+def test_in_place_sweep_equals_one_copy_per_alpha():
     a, b, alphas = _model(0), _model(1), evenly_spaced(7)
     model = copy.deepcopy(a)
     endpoint_a = [p.detach().clone() for p in a.parameters()]
@@ -49,31 +68,73 @@ def test_in_place_sweep_equals_one_copy_per_alpha(tmp_path):
         SweepStore.open(None, "k"),
         "naive",
     )
+    losses = set()
     for point, alpha in zip(points, alphas):
         copy_model = copy.deepcopy(a)
         with torch.no_grad():
             for p, pa, pb in zip(copy_model.parameters(), a.parameters(), b.parameters()):
-                p.copy_((1 - alpha) * pa + alpha * pb)
-        loss_sum, correct, count = evaluate(_sums(copy_model), _batches(), torch.device("cpu")).tolist()
-        assert point["loss"] == pytest.approx(loss_sum / count, rel=1e-6)
-        assert point["accuracy"] == pytest.approx(correct / count, abs=1e-12)
+                p.copy_(torch.lerp(pa, pb, alpha))
+        assert point == {"alpha": alpha, **_point(copy_model)}  # float64 throughout: exactly equal
+        losses.add(point["loss"])
+    assert len(losses) == len(alphas)  # every point was evaluated at its own weights
     for p, pa in zip(model.parameters(), a.parameters()):  # the model ends with end point A
         assert torch.equal(p, pa)
+
+
+def test_evaluate_sums_every_named_metric_and_a_point_divides_by_the_count():
+    def metric_sums(batch):  # a metric the sweep has never heard of travels like the others
+        n = len(batch["labels"])
+        return {"count": torch.tensor(float(n)), "loss": torch.tensor(2.0 * n), "brier": torch.tensor(0.5)}
+
+    sums = evaluate(metric_sums, _batches(), torch.device("cpu"))
+    assert {name: float(value) for name, value in sums.items()} == {"count": 30.0, "loss": 60.0, "brier": 1.5}
+    assert all(value.dtype == torch.float64 for value in sums.values())
+    assert point_metrics({"count": 30.0, "loss": 60.0, "brier": 1.5}) == {"loss": 2.0, "brier": 0.05}
+    with pytest.raises(ValueError, match="nothing was evaluated"):
+        evaluate(metric_sums, [], torch.device("cpu"))
+
+
+def test_reduce_sums_uses_one_collective_in_sorted_name_order():
+    calls = []
+
+    def all_reduce(stacked):  # stands for a sum over ranks: adds the position to each entry
+        calls.append(stacked.clone())
+        return stacked + torch.arange(len(stacked), dtype=stacked.dtype)
+
+    sums = {"loss": torch.tensor(10.0), "count": torch.tensor(20.0), "accuracy": torch.tensor(30.0)}
+    reduced = reduce_sums(sums, all_reduce)
+    assert len(calls) == 1 and calls[0].tolist() == [30.0, 20.0, 10.0]  # accuracy, count, loss
+    assert list(reduced) == ["loss", "count", "accuracy"]  # the caller's order is kept
+    assert {name: float(value) for name, value in reduced.items()} == {"accuracy": 30.0, "count": 21.0, "loss": 12.0}
 
 
 def test_barriers_follow_their_definitions():
     alphas = evenly_spaced(5)
     losses = [1.0, 1.6, 2.0, 1.5, 3.0]
     accuracies = [0.9, 0.7, 0.5, 0.6, 0.7]
-    result = barriers(alphas, losses, accuracies)
+    result = barriers([{"alpha": a, "loss": x, "accuracy": y} for a, x, y in zip(alphas, losses, accuracies)])
     line = [1.0 + 2.0 * a for a in alphas]
-    assert result["loss_barrier"] == pytest.approx(max(value - s for value, s in zip(losses, line)))
+    assert result["loss_barrier"] == pytest.approx(max(value - s for value, s in zip(losses, line)), abs=1e-15)
     acc_line = [0.9 - 0.2 * a for a in alphas]
-    assert result["accuracy_barrier"] == pytest.approx(max(s - x for s, x in zip(acc_line, accuracies)))
-    assert result["loss_barrier_rebasin"] == pytest.approx(3.0 - 2.0)
-    assert result["accuracy_barrier_rebasin"] == pytest.approx(0.8 - 0.5)
+    assert result["accuracy_barrier"] == pytest.approx(max(s - x for s, x in zip(acc_line, accuracies)), abs=1e-15)
+    assert result["loss_barrier_rebasin"] == pytest.approx(3.0 - 2.0, abs=1e-15)
+    assert result["accuracy_barrier_rebasin"] == pytest.approx(0.8 - 0.5, abs=1e-15)
     with pytest.raises(ValueError, match="at least 2 points"):
         evenly_spaced(1)
+
+
+def test_fingerprint_sees_every_byte_and_a_permutation():
+    weight = torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert fingerprint([weight]) == fingerprint([weight.clone()])
+    # Same sums and sums of squares, another function: rows of a layer permuted.
+    assert fingerprint([weight[torch.tensor([1, 0, 2, 3, 4, 5, 6, 7])]]) != fingerprint([weight])
+    nudged = weight.clone()
+    nudged[3, 2] = torch.nextafter(nudged[3, 2], torch.tensor(torch.inf, dtype=torch.float64))
+    assert fingerprint([nudged]) != fingerprint([weight])  # one ulp of one entry
+    assert fingerprint([weight.float()]) != fingerprint([weight])  # the dtype
+    assert fingerprint([weight.reshape(5, 8)]) != fingerprint([weight])  # the shape
+    assert fingerprint([weight.T]) == fingerprint([weight.T.contiguous()])  # bytes in logical order
+    assert fingerprint([weight], extra={"split": "val"}) != fingerprint([weight], extra={"split": "test"})
 
 
 def test_a_killed_sweep_resumes_to_the_same_results(tmp_path):
@@ -121,4 +182,15 @@ def test_a_state_file_from_another_sweep_is_ignored(tmp_path):
     store.put("naive", 0, {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, write=True)
     assert SweepStore.open(path, "first").get("naive", 0) == {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}
     assert SweepStore.open(path, "second").get("naive", 0) is None
-    assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temporary files
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # atomic writes leave no temporary files
+
+
+@pytest.mark.parametrize("content", ['{"key": "first", "points": {"naive": {"0": {"al', "", "\xff\xfe"])
+def test_a_truncated_state_file_is_ignored_with_a_warning_naming_it(tmp_path, content):
+    path = tmp_path / "state.json"
+    path.write_bytes(content.encode("latin-1"))
+    with pytest.warns(UserWarning, match=f"unreadable sweep state {path}"):
+        store = SweepStore.open(path, "first")
+    assert store.points == {}
+    store.put("naive", 0, {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, write=True)  # and replaced by a good one
+    assert SweepStore.open(path, "first").get("naive", 0) == {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}

@@ -12,10 +12,10 @@ __all__ = [
     "METHODS",
     "METRICS",
     "AlignOptions",
-    "Method",
-    "Metric",
     "AlignmentError",
     "AlignmentReport",
     "LayerAlignment",
+    "Method",
+    "Metric",
     "align",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from lmc.matching.attention import (
     head_cost,
     stage_distances,
 )
+from lmc.matching.options import AlignOptions
 from lmc.matching.permutation import axis_correlation, best_permutation
 from lmc.symmetry import (
     SCOPES,
@@ -309,8 +310,8 @@ def align(
     target: nn.Module,
     scope: str = "first_attention",
     method: str = "full",
-    options: Any = None,
-    **keywords: Any,
+    options: AlignOptions | None = None,
+    **settings: Any,
 ) -> tuple[nn.Module, AlignmentReport]:
     """Align ``source`` to ``target`` within the symmetry group of ``scope``.
 
@@ -321,7 +322,8 @@ def align(
             Outside ``full_model`` every parameter outside the scope must be identical in both.
         method: ``"naive"`` (no change), ``"permutation"`` (Stage 1 only), ``"orthogonal"``
             (Stage 1 and the orthogonal start) or ``"full"`` (plus gradient refinement).
-        **options: ``metric`` (Stage 1 cost: ``"invariant"``, ``"weight"``, ``"correlation"``),
+        options: All settings at once (stand-in: unpacked into ``method`` and ``**settings``).
+        **settings: ``metric`` (Stage 1 cost: ``"invariant"``, ``"weight"``, ``"correlation"``),
             ``steps``, ``lr``, ``tolerance`` (Stage 2 L-BFGS), ``max_iterations`` (coordinate
             descent rounds for ``full_model``), ``check_rtol`` (probe tolerance; default 1e-6 in
             float64, 1e-3 in float32, 3e-2 below), ``probe_batch_size``, ``seed``,
@@ -336,17 +338,15 @@ def align(
         AlignmentError: The pair cannot be aligned (architectures, frozen parameters, NaN/Inf),
             or the result is not a symmetry of ``source`` on the probe (a bug, never a result).
     """
-    if options is not None:  # stand-in until the matching refactor lands
-        keywords = {k: v for k, v in vars(options).items() if k != "method"}
-        method = options.method
-    options = keywords
+    if options is not None:
+        method, settings = options.method, {f.name: getattr(options, f.name) for f in fields(options)[1:]}
     stage2 = Stage2Options()
     defaults = dict(metric="invariant", steps=stage2.steps, lr=stage2.lr, tolerance=stage2.tolerance, max_iterations=20)
     defaults.update(check_rtol=None, probe_batch_size=2, seed=0, share_frozen=True)
-    unknown = options.keys() - defaults.keys()
+    unknown = settings.keys() - defaults.keys()
     if unknown:
         raise AlignmentError(f"unknown option(s) {sorted(unknown)}; valid options: {', '.join(defaults)}")
-    options = {**defaults, **options}
+    options = {**defaults, **settings}
     if method not in METHODS:
         raise AlignmentError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if options["metric"] not in METRICS:

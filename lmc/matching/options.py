@@ -1,4 +1,4 @@
-"""Stand-in AlignOptions (replaced at merge by the matching helper's version)."""
+"""Stand-in for the alignment options contract (replaced at merge by the matching helper's version)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ Metric = Literal["invariant", "weight", "correlation"]
 
 @dataclass(frozen=True)
 class AlignOptions:
+    """Every setting of :func:`lmc.matching.align` (see its docstring for their meaning)."""
+
     method: Method = "full"
     metric: Metric = "invariant"
     steps: int = 30

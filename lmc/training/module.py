@@ -112,35 +112,35 @@ class LMCModule(L.LightningModule):
         """Logits: ``(B, classes)`` or ``(B, T, vocab)``."""
         return self.adapter.forward(self.model, self.adapter.model_inputs(self.model, batch))
 
-    def loss_sums(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(summed loss, correct predictions, count)`` of a batch, in float64.
+    def metric_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Named float64 sums over a batch's samples (classification) or tokens (language modelling).
 
-        Counts are samples (classification) or tokens (language modelling). Sums, not means,
-        so that shards and batches combine exactly.
+        ``count`` is the number of samples or tokens, ``loss`` the summed cross-entropy and
+        ``accuracy`` the number of correct predictions; every reported metric is ``sum / count``.
+        Sums, not means, so that shards and batches combine exactly. A metric added here is
+        logged in training and swept by the interpolation without any other change.
         """
         logits = self(batch)
-        labels = batch["labels"]
+        labels = batch["labels"].reshape(-1)
         logits = logits.reshape(-1, logits.shape[-1]).float()
-        labels = labels.reshape(-1)
-        loss = F.cross_entropy(logits, labels, reduction="sum")
-        correct = (logits.argmax(-1) == labels).sum()
-        return loss.double(), correct.double(), torch.tensor(labels.numel(), dtype=torch.float64, device=labels.device)
+        return {
+            "count": torch.tensor(labels.numel(), dtype=torch.float64, device=labels.device),
+            "loss": F.cross_entropy(logits, labels, reduction="sum").double(),
+            "accuracy": (logits.argmax(-1) == labels).sum().double(),
+        }
 
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
-        loss_sum, correct, count = self.loss_sums(batch)
-        loss = loss_sum / count
+        sums = self.metric_sums(batch)
+        count = sums.pop("count")
+        means = {name: value / count for name, value in sums.items()}
         batch_size = int(count)
-        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=stage != "train", batch_size=batch_size)
-        self.log(
-            f"{stage}/accuracy",
-            correct / count,
-            prog_bar=stage != "train",
-            sync_dist=stage != "train",
-            batch_size=batch_size,
-        )
+        for name, mean in means.items():
+            show = name == "loss" or stage != "train"
+            self.log(f"{stage}/{name}", mean, prog_bar=show, sync_dist=stage != "train", batch_size=batch_size)
         if batch["labels"].ndim == 2:  # language modelling: one label per token
-            self.log(f"{stage}/bits_per_token", loss / math.log(2), sync_dist=stage != "train", batch_size=batch_size)
-        return loss.float()
+            bits = means["loss"] / math.log(2)
+            self.log(f"{stage}/bits_per_token", bits, sync_dist=stage != "train", batch_size=batch_size)
+        return means["loss"].float()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_index: int) -> torch.Tensor:
         return self._step(batch, "train")

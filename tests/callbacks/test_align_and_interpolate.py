@@ -1,9 +1,11 @@
-"""AlignAndInterpolate: curves, barriers, TensorBoard logs, atomic results, resume and DDP exactness."""
+"""AlignAndInterpolate: curves, barriers, TensorBoard logs, atomic results, resume, staleness and DDP exactness."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +16,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
 from callbacks import AlignAndInterpolate
-from lmc.checkpoints import load_weights
-from lmc.connectivity import measure_connectivity
-from lmc.interpolation import barriers, evaluate, evenly_spaced
-from tests.runs import data, finetuned, pretrain_and_first_seed, trainer
+from lmc.checkpoints import CheckpointError, WriteError, load_weights
+from lmc.connectivity import Evaluation, SweepHooks, data_identity, measure_connectivity
+from lmc.interpolation import barriers, evaluate, evenly_spaced, fingerprint, point_metrics
+from lmc.matching import AlignOptions
+from tests.runs import CONFIG, MODEL, data, finetuned, pretrain_and_first_seed, trainer
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,29 @@ def runs(tmp_path_factory):
     }
 
 
+@pytest.fixture
+def counted(runs, monkeypatch):
+    """Counts (and can interrupt) the fine-tuned module's batch evaluations; reruns log nothing."""
+    module, calls = runs["module"], {"count": 0, "limit": None}
+    original = module.metric_sums
+
+    def metric_sums(batch):
+        if calls["count"] == calls["limit"]:
+            raise KeyboardInterrupt  # the job is killed mid-sweep
+        calls["count"] += 1
+        return original(batch)
+
+    monkeypatch.setattr(module, "metric_sums", metric_sums)
+    monkeypatch.setattr(runs["trainer"], "loggers", [])  # keep the fixture's TensorBoard events as they are
+    return calls
+
+
+def _split_point(module, split: str) -> dict[str, float]:
+    """Loss and accuracy of the module's current weights on ``split``, by a plain loop."""
+    sums = evaluate(module.metric_sums, DataLoader(data().split(split), batch_size=64), torch.device("cpu"))
+    return point_metrics({name: float(value) for name, value in sums.items()})
+
+
 def test_curves_have_25_points_and_consistent_end_points(runs):
     (result,) = runs["callback"].results["references"].values()
     naive, aligned = result["curves"]["naive"]["points"], result["curves"]["aligned"]["points"]
@@ -49,11 +75,11 @@ def test_curves_have_25_points_and_consistent_end_points(runs):
     assert aligned[-1]["accuracy"] == pytest.approx(naive[-1]["accuracy"], abs=1e-12)
     for curve in ("naive", "aligned"):
         points = result["curves"][curve]["points"]
-        expected = barriers([p["alpha"] for p in points], [p["loss"] for p in points], [p["accuracy"] for p in points])
-        for name, value in expected.items():
-            assert result["curves"][curve][name] == pytest.approx(value)
+        for name, value in barriers(points).items():
+            assert result["curves"][curve][name] == value
+    assert result["curves"]["naive"]["loss_barrier"] > 0
     assert result["barrier_ratio"]["loss_barrier"] == pytest.approx(
-        100 * result["curves"]["aligned"]["loss_barrier"] / result["curves"]["naive"]["loss_barrier"]
+        100 * result["curves"]["aligned"]["loss_barrier"] / result["curves"]["naive"]["loss_barrier"], rel=1e-12
     )
     assert result["alignment"]["scope"] == "first_attention"
 
@@ -64,10 +90,8 @@ def test_the_trained_weights_are_restored_after_the_sweep(runs, tmp_path):
     module = finetuned(runs["pretrained"], 1)
     load_weights(module.model, path)
     (result,) = runs["callback"].results["references"].values()
-    loader = DataLoader(data().split("val"), batch_size=64)
     module.eval()
-    loss_sum, correct, count = evaluate(module.loss_sums, loader, torch.device("cpu")).tolist()
-    assert loss_sum / count == pytest.approx(result["curves"]["naive"]["points"][0]["loss"], rel=1e-6)
+    assert _split_point(module, "val")["loss"] == pytest.approx(result["curves"]["naive"]["points"][0]["loss"], 1e-6)
 
 
 def test_results_are_written_atomically_and_agree(runs):
@@ -80,7 +104,19 @@ def test_results_are_written_atomically_and_agree(runs):
     assert curve == "aligned" and float(alpha) == 1.0
     assert float(loss) == pytest.approx(result["curves"]["aligned"]["points"][-1]["loss"], rel=1e-7)
     assert (folder / "lmc_interpolation_0.png").read_bytes()[:4] == b"\x89PNG"
-    assert not list(folder.glob("*.tmp"))
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == []  # no temporary files
+
+
+def test_results_say_which_run_and_checkpoints_they_belong_to(runs):
+    results = json.loads((runs["root"] / "results" / "lmc_results.json").read_text())
+    run, module = results["run"], runs["module"]
+    assert run["model"]["fingerprint"] == fingerprint(module.model.parameters())
+    assert run["model"]["checkpoint"] is None  # the fixture's trainer keeps no checkpoint
+    assert list(run["references"]) == [str(runs["seed0"])]
+    assert run["settings"]["split"] == "val" and run["settings"]["options"] == vars(AlignOptions())
+    assert run["settings"]["data"] == data_identity(data()) and run["settings"]["alphas"] == evenly_spaced(25)
+    reference = load_weights(module.build_model(), runs["seed0"])
+    assert results["references"][str(runs["seed0"])]["reference_fingerprint"] == fingerprint(reference.parameters())
 
 
 def test_tensorboard_has_curves_barriers_and_a_figure(runs):
@@ -98,31 +134,134 @@ def test_tensorboard_has_curves_barriers_and_a_figure(runs):
     assert "lmc/reference_0/interpolation" in events.Tags()["images"]
 
 
-def test_a_rerun_resumes_from_the_saved_points(runs, monkeypatch):
+def test_a_rerun_resumes_from_the_saved_points(runs, counted):
     callback, run, module = runs["callback"], runs["trainer"], runs["module"]
-    state = runs["root"] / "results" / "lmc_sweep_state_0.json"
+    folder = runs["root"] / "results"
+    state = folder / "lmc_sweep_state_0.json"
     saved = json.loads(state.read_text())
     for curve in saved["points"]:  # as if killed after 10 points of each curve
         saved["points"][curve] = {k: v for k, v in saved["points"][curve].items() if int(k) < 10}
     state.write_text(json.dumps(saved))
-    evaluated = []
-    original = module.loss_sums
-    monkeypatch.setattr(module, "loss_sums", lambda batch: evaluated.append(1) or original(batch))
 
     rerun = callback.run(run, module)
 
     batches = len(callback.shard_loader(run))
-    assert len(evaluated) == 2 * 15 * batches  # only the missing points were evaluated
+    assert counted["count"] == 2 * 15 * batches  # only the missing points were evaluated
     (before,), (after,) = callback.results["references"].values(), rerun["references"].values()
     assert after["curves"] == before["curves"] and after["barrier_ratio"] == before["barrier_ratio"]
+    assert not (folder / "stale").exists()  # the same run: its results stay in place
 
 
-def test_missing_references_give_a_clear_error(runs):
-    callback = AlignAndInterpolate(references=[str(runs["root"] / "nothing-*.ckpt")])
-    with pytest.raises(FileNotFoundError, match="no reference checkpoint matching"):
-        callback.run(runs["trainer"], runs["module"])
-    with pytest.raises(ValueError, match="split='train'"):
-        AlignAndInterpolate(references=[], split="train")
+def test_a_sweep_state_of_another_split_or_data_is_not_reused(runs, counted, tmp_path):
+    module, alphas = runs["module"], evenly_spaced(3)
+    reference = load_weights(module.build_model(), runs["seed0"]).eval()
+    module.eval()
+    hooks = SweepHooks(state_path=tmp_path / "state.json")
+    architecture = {"model": MODEL, "model_config": CONFIG}
+    batches = {split: DataLoader(data().split(split), batch_size=64) for split in ("val", "test")}
+
+    def measure(split: str, data_settings: dict) -> dict:
+        counted["count"] = 0
+        evaluation = Evaluation(module.metric_sums, batches[split], split, data_settings, architecture)
+        options = AlignOptions()
+        return measure_connectivity(module.model, reference, "first_attention", options, alphas, evaluation, hooks)
+
+    digits = data_identity(data())
+    measure("val", digits)
+    assert counted["count"] == 2 * 3 * len(batches["val"])
+    measure("val", digits)
+    assert counted["count"] == 0  # the same sweep is resumed, not repeated
+    test = measure("test", digits)
+    assert counted["count"] == 2 * 3 * len(batches["test"])  # the validation points are not reused
+    assert test["curves"]["naive"]["points"][0] == {"alpha": 0.0, **_split_point(module, "test")}
+    measure("test", {**digits, "seed": 1})  # other samples in the split
+    assert counted["count"] == 2 * 3 * len(batches["test"])
+    measure("test", digits)  # the state now holds the seed-1 sweep
+    assert counted["count"] == 2 * 3 * len(batches["test"])
+
+
+def test_a_new_run_moves_the_previous_results_aside_before_writing(runs, counted, tmp_path, caplog):
+    folder = tmp_path / "results"
+    shutil.copytree(runs["root"] / "results", folder)  # the validation run's results and sweep state
+    previous = (folder / "lmc_results.json").read_text()
+    callback = AlignAndInterpolate(references=[str(runs["seed0"])], split="test", output_dir=str(folder))
+    counted["limit"] = 5
+    with caplog.at_level(logging.INFO), pytest.raises(KeyboardInterrupt):
+        callback.run(runs["trainer"], runs["module"])  # killed mid-sweep
+    (line,) = [r.getMessage() for r in caplog.records if "another run" in r.getMessage()]
+    assert line == f"moved 3 results file(s) of another run from {folder} to {folder / 'stale'}"
+    assert sorted(p.name for p in folder.glob("lmc_*")) == ["lmc_sweep_state_0.json"]
+    assert (folder / "stale" / "lmc_results.json").read_text() == previous
+    stale = {p.name for p in (folder / "stale").iterdir()}
+    assert stale == {"lmc_results.json", "lmc_results.csv", "lmc_interpolation_0.png"}
+
+    counted["limit"] = None
+    results = callback.run(runs["trainer"], runs["module"])  # the rerun finishes on the test split
+    written = json.loads((folder / "lmc_results.json").read_text())
+    assert written["run"]["key"] == results["run"]["key"] and written["run"]["settings"]["split"] == "test"
+    (result,) = written["references"].values()
+    runs["module"].eval()
+    # Batches of 32 here, 64 there: equal up to float32 rounding, far from the validation loss.
+    expected = {"alpha": 0.0, **_split_point(runs["module"], "test")}
+    assert result["curves"]["naive"]["points"][0] == pytest.approx(expected, rel=1e-6)
+    assert (folder / "stale" / "lmc_results.json").read_text() == previous  # nothing moved twice
+
+
+def test_a_metric_added_to_metric_sums_reaches_the_points_and_the_csv(runs, counted, monkeypatch, tmp_path):
+    module = runs["module"]
+    original = module.metric_sums
+
+    def with_confidence(batch):
+        sums = original(batch)
+        probabilities = module(batch).float().softmax(-1)
+        return {**sums, "confidence": probabilities.max(-1).values.sum().double()}
+
+    monkeypatch.setattr(module, "metric_sums", with_confidence)
+    callback = AlignAndInterpolate(references=[str(runs["seed0"])], num_alphas=2, output_dir=str(tmp_path))
+    (result,) = callback.run(runs["trainer"], module)["references"].values()
+    for point in result["curves"]["naive"]["points"] + result["curves"]["aligned"]["points"]:
+        assert set(point) == {"alpha", "loss", "accuracy", "confidence"} and 0 < point["confidence"] <= 1
+    header = (tmp_path / "lmc_results.csv").read_text().splitlines()[0]
+    assert header == "reference,curve,alpha,loss,accuracy,confidence"
+
+
+def test_bad_references_and_outputs_fail_before_any_training_step(runs, tmp_path):
+    module = finetuned(runs["pretrained"], 1)
+    steps = []
+    training_step = module.training_step
+    module.training_step = lambda *args: steps.append(1) or training_step(*args)
+    typo = str(runs["root"] / "seed0.ckp")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    (tmp_path / "folder.ckpt").mkdir()
+    for callback, error, message in (
+        (AlignAndInterpolate(references=[typo]), FileNotFoundError, f"reference '{typo}' matches no file"),
+        (
+            AlignAndInterpolate(references=[str(runs["seed0"]), str(tmp_path / "seed9-*.ckpt")]),
+            FileNotFoundError,
+            "seed9-\\*.ckpt' matches no file",
+        ),
+        (AlignAndInterpolate(references=[str(tmp_path / "folder.ckpt")]), CheckpointError, "is a folder"),
+        (
+            AlignAndInterpolate(references=[str(runs["seed0"])], output_dir=str(blocker / "results")),
+            WriteError,
+            f"{blocker} is a file, not a folder",
+        ),
+    ):
+        with pytest.raises(error, match=message):
+            trainer(tmp_path, steps=2, callbacks=[callback]).fit(module, data())
+    assert steps == []
+
+
+def test_bad_settings_are_refused_at_construction():
+    with pytest.raises(ValueError, match="split='train'; choose one of \\('val', 'test'\\)"):
+        AlignAndInterpolate(references=["a.ckpt"], split="train")
+    with pytest.raises(ValueError, match="num_alphas=1; an interpolation needs at least 2 points"):
+        AlignAndInterpolate(references=["a.ckpt"], num_alphas=1)
+    with pytest.raises(ValueError, match="scope='first_layer'"):
+        AlignAndInterpolate(references=["a.ckpt"], scope="first_layer")
+    with pytest.raises(ValueError, match="at least one reference"):
+        AlignAndInterpolate(references=[])
 
 
 @pytest.mark.slow
@@ -142,10 +281,10 @@ def test_ddp_curve_equals_the_single_process_curve(runs, tmp_path):
     module.eval()
     reference = load_weights(module.build_model(), runs["seed0"]).eval()
     loader = DataLoader(data().split("val"), batch_size=32)
+    evaluation = Evaluation(module.metric_sums, loader, "val", data_identity(data()), {"model": MODEL})
     single = measure_connectivity(
-        module.model, reference, lambda: evaluate(module.loss_sums, loader, torch.device("cpu")),
-        evenly_spaced(5), "first_attention",
-    )  # fmt: skip
+        module.model, reference, "first_attention", AlignOptions(), evenly_spaced(5), evaluation
+    )
     for curve in ("naive", "aligned"):
         for a, b in zip(ddp["curves"][curve]["points"], single["curves"][curve]["points"]):
             assert a["alpha"] == b["alpha"]
