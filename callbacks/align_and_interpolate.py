@@ -57,7 +57,7 @@ class AlignAndInterpolate(L.Callback):
     Args:
         references: Checkpoints (paths or glob patterns) of other seeds' runs; each must match
             a file. The run's own checkpoint is skipped if a pattern matches it.
-        scope: Alignment scope; ``None`` uses the module's ``strategy`` (``full_model`` when
+        scope: Alignment scope; ``None`` uses the module's ``reinit`` (``full_model`` when
             pre-training).
         options: Alignment options, passed unchanged to :func:`lmc.matching.align`
             (``None``: the defaults).
@@ -146,7 +146,7 @@ class AlignAndInterpolate(L.Callback):
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         """Align, sweep and report for every reference; returns the results (on every rank)."""
         started = time.perf_counter()
-        scope = self.scope or pl_module.hparams.get("strategy") or "full_model"
+        scope = self.scope or pl_module.hparams.get("reinit") or "full_model"
         folder = self.output_folder(trainer)
         paths = self.reference_paths(trainer)
         evaluation = self.evaluation(trainer, pl_module)

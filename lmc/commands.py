@@ -102,8 +102,18 @@ def interpolate(
     """
     from torch.utils.data import DataLoader
 
-    from lmc.connectivity import measure_connectivity, write_results
-    from lmc.interpolation import evaluate, evenly_spaced
+    from lmc.connectivity import (
+        Evaluation,
+        SweepHooks,
+        data_identity,
+        measure_connectivity,
+        results_key,
+        retire_stale_results,
+        run_record,
+        sweep_settings,
+        write_results,
+    )
+    from lmc.interpolation import evenly_spaced
     from lmc.training.module import load_trained, require_same_model
 
     alphas = evenly_spaced(num_alphas)
@@ -116,24 +126,24 @@ def interpolate(
     module.require_data(data)
     scope = scope or _trained_scope(hyperparameters)
     loader = DataLoader(data.split(split), batch_size=batch_size or data.batch_size)
+    architecture = {k: hyperparameters.get(k) for k in ("model", "model_config")}
+    evaluation = Evaluation(module.metric_sums, loader, split, data_identity(data), architecture)
+    record = run_record(module.model, str(a), [Path(b)], sweep_settings(scope, options, alphas, evaluation))
+    earlier = results_key(output_dir)
+    if earlier not in (None, record["key"]):
+        if not overwrite:
+            raise ValueError(
+                f"{output_dir} holds the results of another sweep: pass --overwrite true (they move to "
+                f"{output_dir / 'stale'}) or choose another --output_dir"
+            )
+        retire_stale_results(output_dir, record["key"])
     module.eval()
-    result = measure_connectivity(
-        module.model,
-        reference.model.eval(),
-        lambda: evaluate(module.loss_sums, loader, module.device),
-        alphas,
-        scope,
-        options.method,
-        options.metric,
-        state_path=output_dir / "lmc_sweep_state_0.json",
-    )
-    write_results(
-        output_dir, {"scope": scope, "method": options.method, "split": split, "references": {str(b): result}}
-    )
+    hooks = SweepHooks(state_path=output_dir / "lmc_sweep_state_0.json")
+    result = measure_connectivity(module.model, reference.model.eval(), scope, options, alphas, evaluation, hooks)
+    write_results(output_dir, {"run": record, "references": {str(b): result}})
     for curve, values in result["curves"].items():
-        print(
-            f"{curve:8s} loss barrier {values['loss_barrier']:.4f}  accuracy barrier {values['accuracy_barrier']:.4f}"
-        )
+        loss, accuracy = values["loss_barrier"], values["accuracy_barrier"]
+        print(f"{curve:8s} loss barrier {loss:.4f}  accuracy barrier {accuracy:.4f}")
     print(f"barrier ratio (aligned / naive, %): {result['barrier_ratio']}; results in {output_dir}")
 
 

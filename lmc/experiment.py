@@ -36,12 +36,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 from torch.utils.data import DataLoader
 
 from lmc.checkpoints import atomic_write, atomic_write_json, atomic_write_text, load_weights
-from lmc.connectivity import curve_figure, measure_connectivity, write_results
-from lmc.interpolation import evaluate, evenly_spaced
+from lmc.connectivity import (
+    Evaluation,
+    SweepHooks,
+    curve_figure,
+    data_identity,
+    measure_connectivity,
+    run_record,
+    write_results,
+)
+from lmc.interpolation import evenly_spaced
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
 
@@ -263,28 +270,22 @@ class Experiment:
         dataset = datamodule.split(self.protocol.split)
         loader = DataLoader(dataset, batch_size=self.protocol.eval_batch_size or datamodule.batch_size)
         alphas = evenly_spaced(self.protocol.num_alphas)
+        evaluation = Evaluation(
+            module.metric_sums,
+            loader,
+            self.protocol.split,
+            data_identity(datamodule),
+            {k: module.hparams.get(k) for k in ("model", "model_config")},
+        )
         results = {}
         for label, options in zip(alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options):
             folder = self.root / "pairs" / f"{i}_{j}" / label
+            hooks = SweepHooks(state_path=folder / "lmc_sweep_state_0.json")
             result = measure_connectivity(
-                module.model,
-                reference,
-                lambda: evaluate(module.loss_sums, loader, module.device),
-                alphas,
-                self.protocol.reinit,
-                options.method,
-                options.metric,
-                state_path=folder / "lmc_sweep_state_0.json",
+                module.model, reference, self.protocol.reinit, options, alphas, evaluation, hooks
             )
-            write_results(
-                folder,
-                {
-                    "scope": self.protocol.reinit,
-                    "method": label,
-                    "split": self.protocol.split,
-                    "references": {str(checkpoints[i]): result},
-                },
-            )
+            record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
+            write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}})
             results[label] = result
         return results
 

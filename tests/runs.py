@@ -37,7 +37,7 @@ def finetuned(pretrained: Path, seed: int) -> LMCModule:
         MODEL,
         CONFIG,
         data().describe(),
-        strategy="first_attention",
+        reinit="first_attention",
         reinit_seed=seed,
         pretrained=str(pretrained),
         lr=3e-3,

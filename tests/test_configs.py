@@ -1,7 +1,8 @@
-"""configs/: every YAML loads, every group composes, every experiment runs a few steps on tiny data."""
+"""configs/: every YAML loads, experiments compose the group files, every experiment runs a few steps."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,10 @@ from lmc.data import LMCDataModule
 from lmc.training import LMCModule
 
 CONFIGS = Path(__file__).parents[1] / "configs"
-GROUPS = ("model", "data", "trainer", "callbacks", "strategy", "experiment", "debug")
+#: One group each (``--model FILE``, or ``model: ../model/FILE`` in an experiment).
+GROUP_FILES = ("model", "data", "trainer")
+#: Fragments of whole configs (``--config FILE``).
+FRAGMENTS = ("callbacks", "reinit", "experiment", "debug")
 ALL = sorted(CONFIGS.rglob("*.yaml"))
 EXPERIMENTS = sorted((CONFIGS / "experiment").glob("*.yaml"))
 FAST = str(CONFIGS / "debug" / "fast.yaml")
@@ -24,24 +28,49 @@ TINY_DATA = {
     "text_classification": ["--data=lmc.data.PythonTextKinds", "--data.snippets_per_class=40", "--data.batch_size=8"],
     "causal_lm": ["--data=lmc.data.PythonDocsLM", "--data.sequence_length=32", "--data.batch_size=4"],
 }
-TASK_OF = {
-    "Digits": "image_classification", "MNIST": "image_classification", "CIFAR10": "image_classification",
-    "CIFAR100": "image_classification", "ImageNet": "image_classification",
-    "PythonTextKinds": "text_classification", "AGNews": "text_classification", "IMDB": "text_classification",
-    "DBPedia": "text_classification",
-    "PythonDocsLM": "causal_lm", "WikiText103": "causal_lm", "Enwik8": "causal_lm", "OneBillionWord": "causal_lm",
-}  # fmt: skip
 
 
 def test_configs_mirror_the_groups():
-    assert {p.parent.name for p in ALL} == set(GROUPS)
-    for group in GROUPS:
+    assert {p.parent.name for p in ALL} == set(GROUP_FILES + FRAGMENTS)
+    for group in GROUP_FILES + FRAGMENTS:
         assert list((CONFIGS / group).glob("*.yaml")), f"configs/{group} is empty"
+
+
+def _experiment(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def _group_file(experiment: Path, group: str) -> Path:
+    return (experiment.parent / _experiment(experiment)[group]).resolve()
+
+
+def _flat(content: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in content.items():
+        if isinstance(value, dict) and key not in ("model_config", "init_args"):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        elif key == "init_args":
+            flat.update(_flat(value, prefix))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+def test_experiments_compose_the_group_files_and_hold_only_their_differences(path):
+    content = _experiment(path)
+    for group in GROUP_FILES:
+        assert isinstance(content[group], str) and _group_file(path, group).is_file(), f"{group} is not a group file"
+        base = _flat(yaml.safe_load(_group_file(path, group).read_text()))
+        for key, value in content.items():
+            if key.startswith(f"{group}."):
+                inner = key[len(group) + 1 :].replace("init_args.", "")
+                assert base.get(inner, object()) != value, f"{key}: {value!r} repeats {_group_file(path, group)}"
 
 
 @pytest.fixture(scope="module")
 def base_checkpoint(tmp_path_factory) -> str:
-    """Weights of the base experiment's model, as a pre-trained checkpoint for strategy configs."""
+    """Weights of the base experiment's model, as a pre-trained checkpoint for reinit configs."""
     import torch
 
     cli = lightning_cli(["--config", BASE, "--config", FAST], run=False)
@@ -53,29 +82,37 @@ def base_checkpoint(tmp_path_factory) -> str:
 @pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_yaml_loads_and_composes_with_an_experiment(path, tmp_path, monkeypatch, base_checkpoint):
     content = yaml.safe_load(path.read_text())
-    assert isinstance(content, dict) and set(content) <= {"model", "data", "trainer", "seed_everything"}
     monkeypatch.chdir(tmp_path)
-    extra = [f"--model.pretrained={base_checkpoint}"] if path.parent.name == "strategy" else []
-    cli = lightning_cli(["--config", BASE, "--config", str(path), "--config", FAST, *extra], run=False)
+    group = path.parent.name
+    if group in GROUP_FILES:
+        given = [f"--{group}", str(path)]
+    else:
+        assert isinstance(content, dict)
+        assert {key.split(".")[0] for key in content} <= {"model", "data", "trainer", "seed_everything", "protocol"}
+        given = ["--config", str(path)]
+    extra = [f"--model.pretrained={base_checkpoint}"] if group == "reinit" else []
+    cli = lightning_cli(["--config", BASE, *given, "--config", FAST, *extra], run=False)
     assert isinstance(cli.model, LMCModule) and isinstance(cli.datamodule, LMCDataModule)
-    if "data" in content and "class_path" in content["data"]:
-        assert type(cli.datamodule).__name__ == content["data"]["class_path"].rsplit(".", 1)[1]
-    if "strategy" in content.get("model", {}):
-        assert cli.model.hparams.strategy == content["model"]["strategy"]
+    if group == "data":
+        assert type(cli.datamodule).__name__ == content["class_path"].rsplit(".", 1)[1]
+    if group == "model":
+        assert cli.model.hparams.model == content["model"]
+    if group == "reinit":
+        assert cli.model.hparams.reinit == content["model"]["reinit"]
 
 
-def _experiment_args(path: Path) -> tuple[list[str], str]:
-    content = yaml.safe_load(path.read_text())
-    task = TASK_OF[content["data"]["class_path"].rsplit(".", 1)[1]]
-    return ["--config", str(path), "--config", FAST, *TINY_DATA[task]], task
+def _task(experiment: Path) -> str:
+    """The task the experiment's DataModule class declares."""
+    module, name = yaml.safe_load(_group_file(experiment, "data").read_text())["class_path"].rsplit(".", 1)
+    return getattr(importlib.import_module(module), name).task
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
 def test_every_experiment_fits_a_few_steps_on_tiny_data(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args, task = _experiment_args(path)
-    cli = lightning_cli(["fit", *args])
+    task = _task(path)
+    cli = lightning_cli(["fit", "--config", str(path), "--config", FAST, *TINY_DATA[task]])
     assert cli.trainer.global_step == 2
     assert cli.datamodule.task == task
     assert cli.trainer.callback_metrics["train/loss"].isfinite()

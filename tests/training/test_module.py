@@ -45,15 +45,15 @@ def _weights(module: LMCModule) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in module.model.named_parameters()}
 
 
-@pytest.mark.parametrize("strategy", SCOPES)
+@pytest.mark.parametrize("reinit", SCOPES)
 @pytest.mark.parametrize("name", list(BACKBONES))
-def test_only_reinitialized_parameters_train(name, strategy, pretrained_checkpoints, tmp_path):
+def test_only_reinitialized_parameters_train(name, reinit, pretrained_checkpoints, tmp_path):
     data = BACKBONES[name](batch_size=16)
     module = LMCModule(
-        name, data=data.describe(), strategy=strategy, reinit_seed=1, pretrained=str(pretrained_checkpoints[name])
+        name, data=data.describe(), reinit=reinit, reinit_seed=1, pretrained=str(pretrained_checkpoints[name])
     )
     pretrained = LMCModule(name, data=data.describe(), pretrained=str(pretrained_checkpoints[name]))
-    chosen = set(scope_parameters(module.model, strategy))
+    chosen = set(scope_parameters(module.model, reinit))
     start = _weights(module)
 
     assert {n for n, p in module.model.named_parameters() if p.requires_grad} == chosen
@@ -71,8 +71,8 @@ def test_only_reinitialized_parameters_train(name, strategy, pretrained_checkpoi
             assert torch.equal(value, start[n]), f"frozen {n} changed"
 
 
-@pytest.mark.parametrize("strategy", ["first_attention", "first_block"])
-def test_two_seeds_differ_only_in_the_reinitialized_parameters(strategy, pretrained_checkpoints, tmp_path):
+@pytest.mark.parametrize("reinit", ["first_attention", "first_block"])
+def test_two_seeds_differ_only_in_the_reinitialized_parameters(reinit, pretrained_checkpoints, tmp_path):
     name = "llama-tiny"
     data = BACKBONES[name](batch_size=16)
     runs = []
@@ -80,13 +80,13 @@ def test_two_seeds_differ_only_in_the_reinitialized_parameters(strategy, pretrai
         module = LMCModule(
             name,
             data=data.describe(),
-            strategy=strategy,
+            reinit=reinit,
             reinit_seed=seed,
             pretrained=str(pretrained_checkpoints[name]),
         )
         _trainer(tmp_path / str(seed)).fit(module, data)
         runs.append(_weights(module))
-    chosen = set(scope_parameters(module.model, strategy))
+    chosen = set(scope_parameters(module.model, reinit))
     differing = {n for n in runs[0] if not torch.equal(runs[0][n], runs[1][n])}
     assert differing == chosen
 
@@ -94,16 +94,16 @@ def test_two_seeds_differ_only_in_the_reinitialized_parameters(strategy, pretrai
 def test_same_seed_reinitializes_identically(pretrained_checkpoints):
     data = Digits()
     path = str(pretrained_checkpoints["vit-tiny"])
-    a = LMCModule("vit-tiny", data=data.describe(), strategy="all_attention", reinit_seed=3, pretrained=path)
-    b = LMCModule("vit-tiny", data=data.describe(), strategy="all_attention", reinit_seed=3, pretrained=path)
+    a = LMCModule("vit-tiny", data=data.describe(), reinit="all_attention", reinit_seed=3, pretrained=path)
+    b = LMCModule("vit-tiny", data=data.describe(), reinit="all_attention", reinit_seed=3, pretrained=path)
     assert all(torch.equal(x, y) for x, y in zip(_weights(a).values(), _weights(b).values()))
 
 
 def test_bad_configuration_is_refused(pretrained_checkpoints):
-    with pytest.raises(ValueError, match="strategy='first_layer'; choose None"):
-        LMCModule("vit-tiny", strategy="first_layer")
+    with pytest.raises(ValueError, match="reinit=.first_layer.; choose None"):
+        LMCModule("vit-tiny", reinit="first_layer")
     with pytest.raises(ValueError, match="set pretrained to its checkpoint"):
-        LMCModule("vit-tiny", strategy="first_attention")
+        LMCModule("vit-tiny", reinit="first_attention")
     with pytest.raises(ValueError, match="unknown model 'resnet'"):
         LMCModule("resnet")
     with pytest.raises(CheckpointError, match="does not fit VisionTransformer.*shape"):
