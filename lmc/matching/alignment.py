@@ -7,9 +7,8 @@ units and the residual stream use weight matching (:mod:`lmc.matching.permutatio
 started from the parameters whose other axes no symmetry moves (embeddings, norms, output
 layers, output biases), then FFN and task-head permutations, head orders and the residual
 permutation (now also read through the aligned hidden units) are solved in turn until none
-changes. Stage 2 then runs on every
-attention layer with all permutations fixed, so the distance to the target never rises from
-``permutation`` to ``orthogonal`` to ``full``.
+changes. Stage 2 then runs on every attention layer with all permutations fixed, so the
+distance to the target never rises from ``permutation`` to ``orthogonal`` to ``full``.
 """
 
 from __future__ import annotations

@@ -69,12 +69,15 @@ class AttentionTransform:
         )
 
     def compose(self, then: AttentionTransform) -> AttentionTransform:
-        """The element ``then o self``: apply ``self`` first, then ``then``."""
+        """The element ``then o self``: apply ``self`` first, then ``then`` (on ``self``'s device).
+
+        ``then`` may come from Stage 2, computed where the weights live; ``self`` from the CPU.
+        """
         return AttentionTransform(
             self.query_permutation[then.query_permutation],
             self.kv_permutation[then.kv_permutation],
-            self.qk[then.kv_permutation] @ then.qk,
-            self.vo[then.kv_permutation] @ then.vo,
+            self.qk[then.kv_permutation] @ then.qk.to(self.qk.device),
+            self.vo[then.kv_permutation] @ then.vo.to(self.vo.device),
         )
 
     def validate(self, spec: AttentionSpec, rtol: float = 1e-8) -> None:
@@ -114,7 +117,8 @@ def transform_attention(weights: AttentionWeights, transform: AttentionTransform
     stored = weights.query.dtype
     dtype = compute_dtype(stored)
     q = transform.queries_per_kv
-    qk, vo = transform.qk.to(dtype), transform.vo.to(dtype)
+    # Elements are sampled (and composed) on the CPU; the weights may live on an accelerator.
+    qk, vo = (m.to(device=weights.query.device, dtype=dtype) for m in (transform.qk, transform.vo))
     qk_inverse_t, vo_inverse = torch.linalg.inv(qk).mT, torch.linalg.inv(vo)
     qk_per_query, vo_inverse_per_query = qk.repeat_interleave(q, 0), vo_inverse.repeat_interleave(q, 0)
     query_perm, kv_perm = transform.query_permutation, transform.kv_permutation

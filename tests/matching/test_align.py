@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import pytest
 import torch
@@ -154,7 +154,9 @@ def test_report_describes_every_stage_and_serializes():
     assert set(attention.distance) == {"naive", "permutation", "orthogonal", "full"}
     assert set(attention.seconds) == {"grams", "stage1", "stage2"}
     assert report.probe_relative_error < 2e-6
-    assert json.loads(json.dumps(report.to_dict()))["scope"] == "first_block"
+    serialized = json.loads(json.dumps(report.to_dict()))
+    assert serialized["scope"] == "first_block" and serialized["options"] == asdict(AlignOptions())
+    assert (serialized["dtype"], serialized["check_rtol"]) == ("float64", PROBE_RTOL[torch.float64])
 
 
 def _unchanged(*models: nn.Module):
@@ -293,6 +295,16 @@ def test_weights_too_large_for_the_dtype_are_refused_with_the_fix(scope):
         target.blocks[0].attn.q_proj.weight[0, 0] = 1e30  # finite, but its square overflows float32
     with pytest.raises(AlignmentError, match=r"overflows: the weights are too large to align in float32; cast both"):
         align(source, target, scope=scope)
+
+
+def test_a_model_whose_outputs_overflow_is_refused_before_the_check():
+    source = build("ref-vit-learned").half()
+    target = reinitialized(source, "first_attention", seed=1)
+    with torch.no_grad():
+        for model in (source, target):
+            model.norm.weight.fill_(6e4)  # the logits exceed float16's range
+    with pytest.raises(AlignmentError, match="source model's outputs on the probe input are not finite in float16"):
+        align(source, target)
 
 
 def test_an_alignment_that_is_not_a_symmetry_raises(monkeypatch):
