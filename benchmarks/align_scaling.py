@@ -54,7 +54,7 @@ def measure(name: str) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lmc.matching import align
+    from lmc.matching import AlignOptions, align
 
     width, layers, heads, kv_heads, intermediate, vocab = ROWS[name]
     config = LlamaConfig(
@@ -97,7 +97,7 @@ def measure(name: str) -> dict:
         baseline = _rss()
         Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS counter to the current RSS
         start = time.perf_counter()
-        aligned, report = align(source, target, scope="all_attention", method=method)
+        aligned, report = align(source, target, scope="all_attention", options=AlignOptions(method=method))
         total = time.perf_counter() - start
         peak = _peak_rss()
         layers_report = [layer for layer in report.layers if layer.kind == "attention"]

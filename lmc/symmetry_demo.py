@@ -10,16 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmc.adapters import adapter_for
+from lmc.adapters import adapter_for, apply_transform, describe, model_spec, random_symmetry
 from lmc.models import create_model, randomize_parameters_
 from lmc.symmetry import (
     ModelTransform,
-    apply_transform,
-    describe,
     general_linear,
-    model_spec,
     other_pair_layout,
-    random_symmetry,
     rotary_commutant,
     sample_attention_transform,
 )

@@ -1,9 +1,23 @@
-"""Model adapters: the registry and one adapter per supported model family.
+"""Model adapters: the registry, one adapter per supported model family, and the model-level API.
 
-``transformers`` and ``timm`` are imported only when one of their models is described.
+``model_spec``, ``describe``, ``scope_parameters``, ``random_symmetry`` and ``apply_transform``
+take a model and read it through its adapter. ``transformers`` and ``timm`` are imported only
+when one of their models is described.
 """
 
 from lmc.adapters import huggingface, reference, timm_vision  # noqa: F401  (registration)
+from lmc.adapters.api import apply_transform, describe, model_spec, random_symmetry, scope_parameters
 from lmc.adapters.base import ModelAdapter, UnsupportedModelError, adapter_for, list_adapters, register_adapter
 
-__all__ = ["ModelAdapter", "UnsupportedModelError", "adapter_for", "list_adapters", "register_adapter"]
+__all__ = [
+    "ModelAdapter",
+    "UnsupportedModelError",
+    "adapter_for",
+    "apply_transform",
+    "describe",
+    "list_adapters",
+    "model_spec",
+    "random_symmetry",
+    "register_adapter",
+    "scope_parameters",
+]

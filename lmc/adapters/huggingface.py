@@ -3,7 +3,8 @@
 - GPT-2 stores ``Conv1D`` weights ``in x out`` and fuses Q, K, V in ``c_attn`` (columns
   ``[Q | K | V]``, head-major); the LM head is tied to ``wte``.
 - BERT and RoFormer are post-norm encoders with separate ``query/key/value`` Linears;
-  RoFormer rotates interleaved pairs with angles from its sinusoidal table.
+  RoFormer rotates interleaved pairs with angles from its sinusoidal table. Their task heads
+  have hidden units of their own (BERT's tanh pooler, RoFormer's classifier MLP).
 - Llama rotates ``rotate_half`` pairs after any bias, before repeating KV heads (GQA).
 """
 
@@ -13,7 +14,14 @@ import torch
 from torch import nn
 
 from lmc.adapters.base import ModelAdapter, UnsupportedModelError, register_adapter
-from lmc.adapters.layout import ParameterIndex, linear_attention, linear_feed_forward, rotary_from_cos_sin
+from lmc.adapters.layout import (
+    ParameterIndex,
+    linear_attention,
+    linear_feed_forward,
+    require_class,
+    rotary_from_cos_sin,
+)
+from lmc.rotary import rotary_pairs
 from lmc.symmetry.spec import (
     AttentionSpec,
     AxisPermutation,
@@ -21,7 +29,6 @@ from lmc.symmetry.spec import (
     FeedForwardSpec,
     HeadSlot,
     SymmetrySpec,
-    rotary_pairs,
 )
 
 
@@ -43,6 +50,8 @@ class _TokenAdapter(ModelAdapter):
 @register_adapter("transformers:GPT2LMHeadModel")
 class GPT2Adapter(_TokenAdapter):
     def spec(self, model: nn.Module) -> SymmetrySpec:
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
         c = model.config
         if c.add_cross_attention:
             raise UnsupportedModelError("GPT-2 with cross-attention is not supported (set add_cross_attention=False)")
@@ -53,6 +62,7 @@ class GPT2Adapter(_TokenAdapter):
         blocks = []
         for i in range(c.n_layer):
             p = f"transformer.h.{i}"
+            require_class(model.transformer.h[i].attn, (GPT2Attention,), f"{p}.attn")
             attention = AttentionSpec(
                 name=f"{p}.attn",
                 width=d,
@@ -92,8 +102,14 @@ class _EncoderAdapter(_TokenAdapter):
     """BERT-style post-norm encoder classifiers (BERT, RoFormer)."""
 
     base: str  # attribute holding the encoder, "bert" or "roformer"
-    head_input: str  # the Linear that reads the residual stream after the last layer
+    # The task head's two Linears: the first reads the residual stream after the last layer and
+    # writes hidden units an elementwise nonlinearity acts on; the second reads those units.
+    task_head: tuple[str, str]
     fixed_parameters: tuple[str, ...] = ()  # constants stored as frozen parameters
+
+    def self_attention_class(self) -> type[nn.Module]:
+        """The one attention class whose symmetries the spec describes."""
+        raise NotImplementedError
 
     def rotary(self, model: nn.Module):
         return None
@@ -116,8 +132,10 @@ class _EncoderAdapter(_TokenAdapter):
             )
             residual += index.elementwise(f"{e}.LayerNorm")
         blocks = []
+        layers = getattr(model, self.base).encoder.layer
         for i in range(c.num_hidden_layers):
             p = f"{self.base}.encoder.layer.{i}"
+            require_class(layers[i].attention.self, (self.self_attention_class(),), f"{p}.attention.self")
             projections = (
                 f"{p}.attention.self.query",
                 f"{p}.attention.self.key",
@@ -143,9 +161,13 @@ class _EncoderAdapter(_TokenAdapter):
             residual += index.linear_writes(projections[3]) + index.elementwise(f"{p}.attention.output.LayerNorm")
             residual += index.linear_reads(f"{p}.intermediate.dense") + index.linear_writes(f"{p}.output.dense")
             residual += index.elementwise(f"{p}.output.LayerNorm")
-        residual += index.linear_reads(self.head_input)
+        first, second = self.task_head
+        residual += index.linear_reads(first)
+        head = linear_feed_forward(index, first.rsplit(".", 1)[0], (first,), second, d).hidden
         fixed = tuple(name for name in self.fixed_parameters if index.optional(name))
-        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual)), fixed=fixed)
+        return SymmetrySpec(
+            tuple(blocks), AxisPermutation("residual", d, tuple(residual)), fixed=fixed, task_heads=(head,)
+        )
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         c = model.config
@@ -157,14 +179,24 @@ class _EncoderAdapter(_TokenAdapter):
 @register_adapter("transformers:BertForSequenceClassification")
 class BertAdapter(_EncoderAdapter):
     base = "bert"
-    head_input = "bert.pooler.dense"
+    task_head = ("bert.pooler.dense", "classifier")  # dense -> tanh -> classifier
+
+    def self_attention_class(self) -> type[nn.Module]:
+        from transformers.models.bert.modeling_bert import BertSelfAttention
+
+        return BertSelfAttention
 
 
 @register_adapter("transformers:RoFormerForSequenceClassification")
 class RoFormerAdapter(_EncoderAdapter):
     base = "roformer"
-    head_input = "classifier.dense"
+    task_head = ("classifier.dense", "classifier.out_proj")  # dense -> hidden_act -> out_proj
     fixed_parameters = ("roformer.encoder.embed_positions.weight",)
+
+    def self_attention_class(self) -> type[nn.Module]:
+        from transformers.models.roformer.modeling_roformer import RoFormerSelfAttention
+
+        return RoFormerSelfAttention
 
     def rotary(self, model: nn.Module):
         c = model.config
@@ -179,6 +211,8 @@ class RoFormerAdapter(_EncoderAdapter):
 @register_adapter("transformers:LlamaForCausalLM")
 class LlamaAdapter(_TokenAdapter):
     def spec(self, model: nn.Module) -> SymmetrySpec:
+        from transformers.models.llama.modeling_llama import LlamaAttention
+
         c = model.config
         index = ParameterIndex(model)
         d, h, h_kv = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
@@ -188,6 +222,7 @@ class LlamaAdapter(_TokenAdapter):
         blocks = []
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}"
+            require_class(model.model.layers[i].self_attn, (LlamaAttention,), f"{p}.self_attn")
             projections = tuple(f"{p}.self_attn.{x}_proj" for x in ("q", "k", "v", "o"))
             attention = linear_attention(
                 index,

@@ -5,9 +5,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lmc.adapters.base import UnsupportedModelError
 from lmc.symmetry.spec import AttentionSpec, AxisPermutation, FeedForwardSpec, HeadSlot, RotaryLayout
 
 Axes = list[tuple[str, int]]
+
+
+def require_class(module: nn.Module, supported: tuple[type, ...], where: str) -> None:
+    """Raise :class:`UnsupportedModelError` unless ``module``'s class is exactly one of ``supported``.
+
+    Exact, not ``isinstance``: a subclass or a drop-in variant (timm's ``DiffAttention`` in a
+    ``VisionTransformer``) stores the same parameters but may compute another function, with
+    other symmetries.
+    """
+    if type(module) not in supported:
+        names = " or ".join(cls.__name__ for cls in supported)
+        raise UnsupportedModelError(
+            f"{where} is a {type(module).__module__}.{type(module).__qualname__}, which lmc does not support: "
+            f"the adapter knows the symmetries of {names} there; build the model with that class"
+        )
 
 
 class ParameterIndex:

@@ -5,8 +5,14 @@ from __future__ import annotations
 import torch
 
 from lmc.adapters.base import ModelAdapter, register_adapter
-from lmc.adapters.layout import ParameterIndex, linear_attention, linear_feed_forward, rotary_from_cos_sin
-from lmc.models.reference import ReferenceTransformer
+from lmc.adapters.layout import (
+    ParameterIndex,
+    linear_attention,
+    linear_feed_forward,
+    require_class,
+    rotary_from_cos_sin,
+)
+from lmc.models.reference import Attention, Block, FeedForward, ReferenceTransformer
 from lmc.symmetry.spec import AxisPermutation, BlockSpec, SymmetrySpec
 
 
@@ -21,6 +27,9 @@ class ReferenceAdapter(ModelAdapter):
         residual += index.axes(("token_embed.weight", 1), ("pos_embed", 1))
         for i, block in enumerate(model.blocks):
             prefix = f"blocks.{i}"
+            require_class(block, (Block,), prefix)
+            require_class(block.attn, (Attention,), f"{prefix}.attn")
+            require_class(block.mlp, (FeedForward,), f"{prefix}.mlp")
             rotary = None
             if c.pe == "rope":
                 attn = block.attn

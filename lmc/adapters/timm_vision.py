@@ -13,7 +13,14 @@ import torch
 from torch import nn
 
 from lmc.adapters.base import ModelAdapter, UnsupportedModelError, register_adapter
-from lmc.adapters.layout import ParameterIndex, linear_attention, linear_feed_forward, rotary_from_cos_sin
+from lmc.adapters.layout import (
+    ParameterIndex,
+    linear_attention,
+    linear_feed_forward,
+    require_class,
+    rotary_from_cos_sin,
+)
+from lmc.rotary import rotary_pairs
 from lmc.symmetry.spec import (
     AttentionSpec,
     AxisPermutation,
@@ -21,7 +28,6 @@ from lmc.symmetry.spec import (
     HeadSlot,
     RotaryLayout,
     SymmetrySpec,
-    rotary_pairs,
 )
 
 
@@ -103,7 +109,15 @@ def _axial_rotary(model: nn.Module) -> RotaryLayout | None:
     return rotary_from_cos_sin("axial", pairs, cos[:, first], sin[:, first])
 
 
-def _vision_spec(model: nn.Module, rotary: RotaryLayout | None, layer_scale: tuple[str, str]) -> SymmetrySpec:
+def _vision_spec(
+    model: nn.Module,
+    rotary: RotaryLayout | None,
+    layer_scale: tuple[str, str],
+    block_class: type[nn.Module],
+    attention_classes: tuple[type[nn.Module], ...],
+) -> SymmetrySpec:
+    from timm.layers import GluMlp, Mlp, SwiGLU
+
     if getattr(model, "attn_pool", None) is not None:
         raise UnsupportedModelError("timm attention-pool heads (global_pool='map') are not supported")
     index = ParameterIndex(model)
@@ -116,16 +130,13 @@ def _vision_spec(model: nn.Module, rotary: RotaryLayout | None, layer_scale: tup
     blocks = []
     for i, block in enumerate(model.blocks):
         prefix = f"blocks.{i}"
-        attention, attention_axes = _attention(index, f"{prefix}.attn", block.attn, width, pe, rotary)
+        require_class(block, (block_class,), prefix)
+        require_class(block.attn, attention_classes, f"{prefix}.attn")
         mlp = block.mlp
-        if hasattr(mlp, "fc1_g"):
-            inputs = (f"{prefix}.mlp.fc1_g", f"{prefix}.mlp.fc1_x")
-        elif hasattr(mlp, "fc1") and mlp.fc1.out_features in (mlp.fc2.in_features, 2 * mlp.fc2.in_features):
-            inputs = (f"{prefix}.mlp.fc1",)  # Mlp, or GluMlp with [value | gate] stacked in fc1
-        else:
-            raise UnsupportedModelError(
-                f"{prefix}.mlp ({type(mlp).__name__}) is not supported: use Mlp, GluMlp or SwiGLU"
-            )
+        require_class(mlp, (Mlp, GluMlp, SwiGLU), f"{prefix}.mlp")
+        attention, attention_axes = _attention(index, f"{prefix}.attn", block.attn, width, pe, rotary)
+        # SwiGLU has separate gate and value Linears; GluMlp stacks [value | gate] in fc1.
+        inputs = (f"{prefix}.mlp.fc1_g", f"{prefix}.mlp.fc1_x") if type(mlp) is SwiGLU else (f"{prefix}.mlp.fc1",)
         feed_forward = linear_feed_forward(index, f"{prefix}.mlp", inputs, f"{prefix}.mlp.fc2", mlp.fc2.in_features)
         # A norm inside the MLP (scale_mlp) is permutation-equivariant: its parameters move with the hidden units.
         hidden_norm = index.elementwise(f"{prefix}.mlp.norm")
@@ -155,10 +166,18 @@ class _TimmVisionAdapter(ModelAdapter):
 @register_adapter("timm:VisionTransformer")
 class VisionTransformerAdapter(_TimmVisionAdapter):
     def spec(self, model: nn.Module) -> SymmetrySpec:
-        return _vision_spec(model, None, ("ls1.gamma", "ls2.gamma"))
+        from timm.layers import Attention
+        from timm.models.vision_transformer import Block
+
+        return _vision_spec(model, None, ("ls1.gamma", "ls2.gamma"), Block, (Attention,))
 
 
 @register_adapter("timm:Eva")
 class EvaAdapter(_TimmVisionAdapter):
     def spec(self, model: nn.Module) -> SymmetrySpec:
-        return _vision_spec(model, _axial_rotary(model), ("gamma_1", "gamma_2"))
+        from timm.layers import AttentionRope
+        from timm.models.eva import EvaAttention, EvaBlock
+
+        return _vision_spec(
+            model, _axial_rotary(model), ("gamma_1", "gamma_2"), EvaBlock, (EvaAttention, AttentionRope)
+        )

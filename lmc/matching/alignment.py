@@ -1,50 +1,45 @@
 """``align``: bring a source model's weights next to a target's without changing its function.
 
-Attention layers use the two-stage matcher of :mod:`lmc.matching.attention`; FFN hidden units
-and the residual stream use weight matching (:mod:`lmc.matching.permutation`). For
+Attention layers use the two-stage matcher (:mod:`lmc.matching.grams`, Stage 1 in
+:mod:`lmc.matching.heads`, Stage 2 in :mod:`lmc.matching.stage2`); FFN and task-head hidden
+units and the residual stream use weight matching (:mod:`lmc.matching.permutation`). For
 ``full_model`` the permutations are found by coordinate descent: the residual permutation is
-started from the parameters whose other axes no symmetry moves (embeddings, norms, heads,
-output biases), then FFN permutations, head orders and the residual permutation (now also read
-through the aligned FFNs) are solved in turn until none changes. Stage 2 then runs on every
-attention layer with all permutations fixed, so the distance to the target never rises from
-``permutation`` to ``orthogonal`` to ``full``.
+started from the parameters whose other axes no symmetry moves (embeddings, norms, output
+layers, output biases), then FFN and task-head permutations, head orders and the residual
+permutation (now also read through the aligned hidden units) are solved in turn until none
+changes. Stage 2 then runs on every attention layer with all permutations fixed, so the
+distance to the target never rises from ``permutation`` to ``orthogonal`` to ``full``.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from lmc.adapters import adapter_for
-from lmc.matching.attention import (
-    METRICS,
-    LayerGrams,
-    Stage2Options,
-    assign_heads,
-    attention_stages,
-    head_cost,
-    stage_distances,
-)
+from lmc.adapters import adapter_for, model_spec, scope_parameters
+from lmc.matching.grams import LayerGrams
+from lmc.matching.heads import assign_heads, head_cost
 from lmc.matching.options import AlignOptions
 from lmc.matching.permutation import axis_correlation, best_permutation
-from lmc.symmetry import (
-    SCOPES,
-    ModelTransform,
-    SymmetrySpec,
-    head_rows,
-    model_spec,
-    scope_blocks,
-    scope_parameters,
-)
+from lmc.matching.stage2 import attention_stages, stage_distances
+from lmc.symmetry import AxisPermutation, ModelTransform, Scope, SymmetrySpec, check_scope, head_rows, scope_blocks
 
-METHODS = ("naive", "permutation", "orthogonal", "full")
-STAGES = ("permutation", "orthogonal", "full")
-_DEFAULT_CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
+PROBE_RTOL: dict[torch.dtype, float] = {
+    torch.float64: 1e-6,
+    torch.float32: 1e-3,
+    torch.bfloat16: 1e-1,
+    torch.float16: 2e-2,
+}
+"""Default ``check_rtol`` per stored dtype: the relative output change on the probe that rounding
+the aligned weights to that dtype can explain. Observed on the test models, planted and
+independent pairs: ~1e-15 in float64, ~1e-6 in float32, at most 3e-3 in float16 and 2e-2 in
+bfloat16 (a few units of each dtype's rounding error); the defaults leave a margin of 5x or more
+for deeper models. A transform that is not a symmetry changes outputs by O(1)."""
 
 
 class AlignmentError(ValueError):
@@ -56,8 +51,8 @@ class LayerAlignment:
     """What alignment did to one layer.
 
     Attributes:
-        name: Module path (attention, FFN) or ``"residual"``.
-        kind: ``"attention"``, ``"feed_forward"`` or ``"residual"``.
+        name: Module path (attention, FFN, task head) or ``"residual"``.
+        kind: ``"attention"``, ``"feed_forward"``, ``"task_head"`` or ``"residual"``.
         assignment: Target index of each source head / hidden unit / coordinate.
         kv_assignment: Target KV head of each source KV head (attention only).
         stage1_cost: The ``h x h`` Stage 1 cost of the final pass (attention only).
@@ -80,17 +75,21 @@ class AlignmentReport:
     """Result of :func:`align` besides the aligned model.
 
     Attributes:
-        scope, method, metric: As requested.
-        layers: One entry per aligned attention layer, FFN and the residual stream.
+        scope: As requested.
+        options: As requested.
+        dtype: The models' parameter dtype, e.g. ``"float32"``.
+        check_rtol: The probe tolerance applied: ``options.check_rtol``, or :data:`PROBE_RTOL` of ``dtype``.
+        layers: One entry per aligned attention layer, FFN, task head and the residual stream.
         transform: The group element mapping the source's weights to the aligned ones.
         distance: Distance to the target over the scope's parameters, ``naive`` and ``aligned``.
         probe_relative_error: ``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` on the probe.
         seconds: Wall time of the whole alignment.
     """
 
-    scope: str
-    method: str
-    metric: str
+    scope: Scope
+    options: AlignOptions
+    dtype: str
+    check_rtol: float
     layers: list[LayerAlignment] = field(default_factory=list)
     transform: ModelTransform = field(default_factory=ModelTransform)
     distance: dict[str, float] = field(default_factory=dict)
@@ -101,8 +100,9 @@ class AlignmentReport:
         """A JSON-ready summary (the transform's matrices are left out)."""
         return {
             "scope": self.scope,
-            "method": self.method,
-            "metric": self.metric,
+            "options": asdict(self.options),
+            "dtype": self.dtype,
+            "check_rtol": self.check_rtol,
             "distance": self.distance,
             "probe_relative_error": self.probe_relative_error,
             "seconds": self.seconds,
@@ -110,10 +110,36 @@ class AlignmentReport:
         }
 
 
-def _check_pair(source: nn.Module, target: nn.Module, scope: str) -> SymmetrySpec:
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_storage(source: nn.Module, target: nn.Module) -> None:
+    """Raise :class:`AlignmentError` unless both models are stored in one supported dtype on one device."""
+    for what in ("dtype", "device"):
+        found = {}
+        for role, model in (("source", source), ("target", target)):
+            values = {getattr(p, what) for p in model.parameters()}
+            if len(values) > 1:
+                raise AlignmentError(
+                    f"the {role} model's parameters mix {what}s ({', '.join(sorted(map(str, values)))}); "
+                    f"move the whole model to one with model.to(...)"
+                )
+            found[role] = values.pop()
+        if found["source"] != found["target"]:
+            raise AlignmentError(
+                f"source and target differ in {what}: source is {found['source']}, target is {found['target']}; "
+                f"put both on one with target.to({str(found['source'])!r})"
+            )
+    dtype = next(source.parameters()).dtype
+    if dtype not in PROBE_RTOL:
+        supported = ", ".join(_dtype_name(d) for d in PROBE_RTOL)
+        raise AlignmentError(f"lmc aligns {supported} models, not {_dtype_name(dtype)}; cast both with model.to(...)")
+
+
+def _check_pair(source: nn.Module, target: nn.Module, scope: Scope) -> SymmetrySpec:
     """Raise :class:`AlignmentError` unless the two models can be aligned at ``scope``."""
-    if scope not in SCOPES:
-        raise AlignmentError(f"unknown scope {scope!r}; choose one of {', '.join(SCOPES)}")
+    check_scope(scope)
     if type(source) is not type(target):
         raise AlignmentError(
             f"different architectures: source is {type(source).__name__}, target is {type(target).__name__}"
@@ -127,6 +153,7 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: str) -> SymmetrySpe
             f"different architectures: parameters differ in name or shape, e.g. {differing}; "
             "build both models from the same config"
         )
+    _check_storage(source, target)
     spec, target_spec = model_spec(source), model_spec(target)
     for layer, other in zip(spec.attention, target_spec.attention):
         fields = ("num_heads", "num_kv_heads", "head_dim", "width", "pe")
@@ -192,9 +219,10 @@ def _axes_distance(source: dict, target: dict, axes) -> float:
 class _Aligner:
     """State of one alignment: the working copy, the target, the accumulated transform."""
 
-    def __init__(self, source: nn.Module, target: nn.Module, spec: SymmetrySpec, report: AlignmentReport, options):
+    def __init__(self, source: nn.Module, target: nn.Module, spec: SymmetrySpec, report: AlignmentReport):
+        self.options = report.options
         shared = {}
-        if options["share_frozen"] and report.scope != "full_model":
+        if self.options.share_frozen and report.scope != "full_model":
             # Parameters outside the scope never change (and equal the target's): share, don't copy.
             free = set(scope_parameters(source, report.scope, spec))
             shared = {id(p): p for name, p in source.named_parameters() if name not in free}
@@ -202,10 +230,17 @@ class _Aligner:
         self.parameters = dict(self.working.named_parameters())
         self.target = dict(target.named_parameters())
         self.original = dict(source.named_parameters())  # read only
+        self.dtype = next(source.parameters()).dtype
         self.spec = spec
         self.report = report
-        self.metric = options["metric"]
-        self.stage2 = Stage2Options(options["steps"], options["lr"], options["tolerance"])
+
+    def require_finite(self, finite: bool, what: str) -> None:
+        """Refuse a quantity that overflowed: the weights are too large for the dtype it is computed in."""
+        if not finite:
+            fix = "cast both models to float64 (model.double())" if self.dtype != torch.float64 else "rescale them"
+            raise AlignmentError(
+                f"{what} overflows: the weights are too large to align in {_dtype_name(self.dtype)}; {fix}"
+            )
 
     def apply(self, transform: ModelTransform) -> None:
         with torch.no_grad():
@@ -217,9 +252,11 @@ class _Aligner:
         seconds = {}
         start = time.perf_counter()
         grams = LayerGrams.compute(self.parameters, self.target, layer)
+        self.require_finite(grams.all_finite(), f"{layer.name}: the Gram matrices")
         seconds["grams"] = time.perf_counter() - start
         start = time.perf_counter()
-        cost = head_cost(grams, layer, self.metric, self.report.method == "full", self.stage2)
+        cost = head_cost(grams, layer, self.options)
+        self.require_finite(bool(torch.isfinite(cost).all()), f"{layer.name}: the Stage 1 head cost")
         match, kv_match = assign_heads(cost, layer.queries_per_kv)
         seconds["stage1"] = time.perf_counter() - start
         return grams, cost, match, kv_match, seconds
@@ -230,7 +267,7 @@ class _Aligner:
         if torch.equal(match, torch.arange(len(match))):
             return False
         layer = self.spec.blocks[index].attention
-        stages = attention_stages(grams, layer, match, kv_match, "permutation", self.stage2)
+        stages = attention_stages(grams, layer, match, kv_match, "permutation", self.options)
         self.apply(ModelTransform(attention={index: stages["permutation"]}))
         return True
 
@@ -239,11 +276,11 @@ class _Aligner:
         layer = self.spec.blocks[index].attention
         grams, cost, match, kv_match, seconds = self.stage1(index)
         start = time.perf_counter()
-        stages = attention_stages(grams, layer, match, kv_match, self.report.method, self.stage2)
+        stages = attention_stages(grams, layer, match, kv_match, self.options.method, self.options)
         seconds["stage2"] = time.perf_counter() - start
         distance = {"naive": _layer_distance(self.original, self.target, layer)}
         distance.update(stage_distances(grams, layer, match, kv_match, stages))
-        self.apply(ModelTransform(attention={index: stages[self.report.method]}))
+        self.apply(ModelTransform(attention={index: stages[self.options.method]}))
         overall = self.report.transform.attention[index]
         self.report.layers.append(
             LayerAlignment(
@@ -257,23 +294,35 @@ class _Aligner:
             )
         )
 
+    def best_permutation(self, permutation: AxisPermutation, axes) -> torch.Tensor | None:
+        """The weight-matching permutation of ``permutation``'s axis read through ``axes``; ``None`` if identity."""
+        correlation = axis_correlation(self.parameters, self.target, axes, permutation.size)
+        self.require_finite(bool(torch.isfinite(correlation).all()), f"{permutation.name}: the weight correlation")
+        perm = best_permutation(correlation)
+        return None if torch.equal(perm, torch.arange(permutation.size)) else perm
+
     def permute_feed_forward(self, index: int) -> bool:
         hidden = self.spec.blocks[index].feed_forward.hidden
-        perm = best_permutation(axis_correlation(self.parameters, self.target, hidden.axes, hidden.size))
-        if torch.equal(perm, torch.arange(hidden.size)):
-            return False
-        self.apply(ModelTransform(feed_forward={index: perm}))
-        return True
+        perm = self.best_permutation(hidden, hidden.axes)
+        if perm is not None:
+            self.apply(ModelTransform(feed_forward={index: perm}))
+        return perm is not None
+
+    def permute_task_head(self, index: int) -> bool:
+        hidden = self.spec.task_heads[index]
+        perm = self.best_permutation(hidden, hidden.axes)
+        if perm is not None:
+            self.apply(ModelTransform(task_heads={index: perm}))
+        return perm is not None
 
     def permute_residual(self, axes) -> bool:
-        residual = self.spec.residual
-        perm = best_permutation(axis_correlation(self.parameters, self.target, axes, residual.size))
-        if torch.equal(perm, torch.arange(residual.size)):
-            return False
-        self.apply(ModelTransform(residual=perm))
-        return True
+        perm = self.best_permutation(self.spec.residual, axes)
+        if perm is not None:
+            self.apply(ModelTransform(residual=perm))
+        return perm is not None
 
     def record_permutation(self, name: str, kind: str, perm: torch.Tensor, axes, seconds: float) -> None:
+        """Report one permutation and the distance over ``axes`` before and after it."""
         distance = {
             "naive": _axes_distance(self.original, self.target, axes),
             "permutation": _axes_distance(self.parameters, self.target, axes),
@@ -284,12 +333,12 @@ class _Aligner:
 
 
 def _residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
-    """Residual axes of parameters no other symmetry moves (anchors), and those of FFN parameters."""
+    """Residual axes of parameters no other symmetry moves (anchors), and those of FFN and task-head parameters."""
     moved = {slot.parameter for layer in spec.attention for slot in layer.slots}
-    feed_forward = {name for block in spec.blocks if block.feed_forward for name, _ in block.feed_forward.hidden.axes}
-    anchors = [(n, a) for n, a in spec.residual.axes if n not in moved and n not in feed_forward]
-    through_ffn = [(n, a) for n, a in spec.residual.axes if n in feed_forward]
-    return anchors, through_ffn
+    hidden = [block.feed_forward.hidden for block in spec.blocks if block.feed_forward] + list(spec.task_heads)
+    through_hidden = {name for permutation in hidden for name, _ in permutation.axes}
+    anchors = [(n, a) for n, a in spec.residual.axes if n not in moved and n not in through_hidden]
+    return anchors, [(n, a) for n, a in spec.residual.axes if n in through_hidden]
 
 
 def _probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: int) -> float:
@@ -302,115 +351,111 @@ def _probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: i
             reference, output = adapter.forward(source, inputs), adapter.forward(aligned, inputs)
     finally:
         source.train(modes[0]), aligned.train(modes[1])
+    if not _all_finite(reference):
+        raise AlignmentError(
+            f"the source model's outputs on the probe input are not finite in {_dtype_name(reference.dtype)}, so no "
+            "alignment can be checked; its weights overflow the forward pass (cast both models to float64 or rescale)"
+        )
     return float((output - reference).double().norm() / reference.double().norm())
 
 
 def align(
-    source: nn.Module,
-    target: nn.Module,
-    scope: str = "first_attention",
-    method: str = "full",
-    options: AlignOptions | None = None,
-    **settings: Any,
+    source: nn.Module, target: nn.Module, scope: Scope = "first_attention", options: AlignOptions | None = None
 ) -> tuple[nn.Module, AlignmentReport]:
     """Align ``source`` to ``target`` within the symmetry group of ``scope``.
 
+    Float16 and bfloat16 models align too: Grams, Stage 2 and the transforms are computed in
+    float32 or float64 and the aligned weights are written back in the models' dtype.
+
     Args:
         source: The model to transform (never modified).
-        target: The model to come close to (never modified); same architecture.
+        target: The model to come close to (never modified); same architecture, dtype and device.
         scope: ``"first_attention"``, ``"all_attention"``, ``"first_block"`` or ``"full_model"``.
             Outside ``full_model`` every parameter outside the scope must be identical in both.
-        method: ``"naive"`` (no change), ``"permutation"`` (Stage 1 only), ``"orthogonal"``
-            (Stage 1 and the orthogonal start) or ``"full"`` (plus gradient refinement).
-        options: All settings at once (stand-in: unpacked into ``method`` and ``**settings``).
-        **settings: ``metric`` (Stage 1 cost: ``"invariant"``, ``"weight"``, ``"correlation"``),
-            ``steps``, ``lr``, ``tolerance`` (Stage 2 L-BFGS), ``max_iterations`` (coordinate
-            descent rounds for ``full_model``), ``check_rtol`` (probe tolerance; default 1e-6 in
-            float64, 1e-3 in float32, 3e-2 below), ``probe_batch_size``, ``seed``,
-            ``share_frozen`` (default ``True``: outside ``full_model`` the aligned module shares
-            the parameters outside the scope with ``source`` instead of copying them; they are
-            unchanged by construction. Pass ``False`` for a fully independent copy).
+        options: Method, head metric, Stage 2 and check settings (:class:`AlignOptions`);
+            ``None`` takes the defaults.
 
     Returns:
         ``(aligned, report)``: a new module computing the same function as ``source``.
 
     Raises:
-        AlignmentError: The pair cannot be aligned (architectures, frozen parameters, NaN/Inf),
-            or the result is not a symmetry of ``source`` on the probe (a bug, never a result).
+        ValueError: Unknown ``scope``.
+        AlignmentError: The pair cannot be aligned (architectures, dtypes, devices, frozen
+            parameters, NaN/Inf or overflowing weights), or the result is not a symmetry of
+            ``source`` on the probe to ``report.check_rtol``.
     """
-    if options is not None:
-        method, settings = options.method, {f.name: getattr(options, f.name) for f in fields(options)[1:]}
-    stage2 = Stage2Options()
-    defaults = dict(metric="invariant", steps=stage2.steps, lr=stage2.lr, tolerance=stage2.tolerance, max_iterations=20)
-    defaults.update(check_rtol=None, probe_batch_size=2, seed=0, share_frozen=True)
-    unknown = settings.keys() - defaults.keys()
-    if unknown:
-        raise AlignmentError(f"unknown option(s) {sorted(unknown)}; valid options: {', '.join(defaults)}")
-    options = {**defaults, **settings}
-    if method not in METHODS:
-        raise AlignmentError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if options["metric"] not in METRICS:
-        raise AlignmentError(f"unknown metric {options['metric']!r}; choose one of {', '.join(METRICS)}")
+    options = AlignOptions() if options is None else options
+    if not isinstance(options, AlignOptions):
+        raise TypeError(f"options must be an lmc.matching.AlignOptions, got {type(options).__name__}")
     started = time.perf_counter()
     spec = _check_pair(source, target, scope)
-    report = AlignmentReport(scope, method, options["metric"])
-    aligner = _Aligner(source, target, spec, report, options)
+    dtype = next(source.parameters()).dtype
+    rtol = PROBE_RTOL[dtype] if options.check_rtol is None else options.check_rtol
+    report = AlignmentReport(scope, options, _dtype_name(dtype), rtol)
+    aligner = _Aligner(source, target, spec, report)
 
-    if method != "naive":
+    if options.method != "naive":
         attention, feed_forward, whole = scope_blocks(spec, scope)
         for index in feed_forward if not whole else []:
             start = time.perf_counter()
             aligner.permute_feed_forward(index)
-            block = spec.blocks[index].feed_forward
-            perm = report.transform.feed_forward.get(index, torch.arange(block.hidden.size))
-            aligner.record_permutation(
-                block.hidden.name, "feed_forward", perm, block.hidden.axes, time.perf_counter() - start
-            )
+            hidden = spec.blocks[index].feed_forward.hidden
+            perm = report.transform.feed_forward.get(index, torch.arange(hidden.size))
+            aligner.record_permutation(hidden.name, "feed_forward", perm, hidden.axes, time.perf_counter() - start)
         if whole:
-            _coordinate_descent(aligner, spec, attention, feed_forward, options["max_iterations"])
+            _coordinate_descent(aligner, spec, attention, feed_forward)
         for index in attention:
             aligner.align_attention(index)
 
-    scoped = scope_parameters(source, scope, spec)
+    scoped = [(name, 0) for name in scope_parameters(source, scope, spec)]
     report.distance = {
-        "naive": _axes_distance(aligner.original, aligner.target, [(n, 0) for n in scoped]),
-        "aligned": _axes_distance(aligner.parameters, aligner.target, [(n, 0) for n in scoped]),
+        "naive": _axes_distance(aligner.original, aligner.target, scoped),
+        "aligned": _axes_distance(aligner.parameters, aligner.target, scoped),
     }
-    dtype = next(source.parameters()).dtype
-    rtol = options["check_rtol"] or _DEFAULT_CHECK_RTOL.get(dtype, 3e-2)
-    report.probe_relative_error = _probe_error(source, aligner.working, options["probe_batch_size"], options["seed"])
+    report.probe_relative_error = _probe_error(source, aligner.working, options.probe_batch_size, options.seed)
     if not report.probe_relative_error <= rtol:
+        change = f"relative output change {report.probe_relative_error:.3g} on the probe input"
+        if options.check_rtol is None:
+            raise AlignmentError(
+                f"the aligned model does not compute the source's function: {change} > {rtol:g} (the "
+                f"{report.dtype} tolerance). This is a bug in lmc (adapter for {type(source).__name__}, scope "
+                f"{scope!r}, method {options.method!r}); please report it."
+            )
         raise AlignmentError(
-            f"the aligned model does not compute the source's function: relative output change "
-            f"{report.probe_relative_error:.3g} > {rtol:g} on the probe input. This is a bug in lmc "
-            f"(adapter for {type(source).__name__}, scope {scope!r}, method {method!r}); please report it."
+            f"the aligned model misses check_rtol={rtol:g}: {change}. Rounding in {report.dtype} alone reaches "
+            f"about {PROBE_RTOL[dtype]:g} (the default); raise check_rtol or leave it None."
         )
     report.seconds = time.perf_counter() - started
     return aligner.working, report
 
 
-def _coordinate_descent(aligner: _Aligner, spec: SymmetrySpec, attention, feed_forward, max_iterations: int) -> None:
-    """Residual, FFN and head permutations for ``full_model``, each solved with the rest fixed."""
+def _coordinate_descent(aligner: _Aligner, spec: SymmetrySpec, attention: list[int], feed_forward: list[int]) -> None:
+    """Residual, FFN, task-head and head permutations for ``full_model``, each solved with the rest fixed."""
     start = time.perf_counter()
-    anchors, through_ffn = _residual_axes(spec) if spec.residual is not None else ([], [])
+    anchors, through_hidden = _residual_axes(spec) if spec.residual is not None else ([], [])
     if spec.residual is not None:
         aligner.permute_residual(anchors)
-    for _ in range(max_iterations):
+    for _ in range(aligner.options.max_iterations):
         changed = False
         for index in feed_forward:
             changed |= aligner.permute_feed_forward(index)
+        for index in range(len(spec.task_heads)):
+            changed |= aligner.permute_task_head(index)
         for index in attention:
             changed |= aligner.permute_heads(index)
         if spec.residual is not None:
-            changed |= aligner.permute_residual(anchors + through_ffn)
+            changed |= aligner.permute_residual(anchors + through_hidden)
         if not changed:
             break
     seconds = time.perf_counter() - start
+    transform = aligner.report.transform
     for index in feed_forward:
         hidden = spec.blocks[index].feed_forward.hidden
-        perm = aligner.report.transform.feed_forward.get(index, torch.arange(hidden.size))
+        perm = transform.feed_forward.get(index, torch.arange(hidden.size))
         aligner.record_permutation(hidden.name, "feed_forward", perm, hidden.axes, seconds)
+    for index, hidden in enumerate(spec.task_heads):
+        perm = transform.task_heads.get(index, torch.arange(hidden.size))
+        aligner.record_permutation(hidden.name, "task_head", perm, hidden.axes, seconds)
     if spec.residual is not None:
-        perm = aligner.report.transform.residual
-        perm = torch.arange(spec.residual.size) if perm is None else perm
+        perm = torch.arange(spec.residual.size) if transform.residual is None else transform.residual
         aligner.record_permutation("residual", "residual", perm, spec.residual.axes, seconds)

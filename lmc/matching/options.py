@@ -1,25 +1,83 @@
-"""Stand-in for the alignment options contract (replaced at merge by the matching helper's version)."""
+"""The options of :func:`lmc.matching.align`, typed once for Python callers, YAML configs and the CLI.
+
+``Method`` and ``Metric`` are ``Literal`` types so that jsonargparse rejects a bad choice while
+parsing; :class:`AlignOptions` validates every field itself too, because ``align`` is also a
+Python API. The attribute docstrings are the command-line help.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 Method = Literal["naive", "permutation", "orthogonal", "full"]
 Metric = Literal["invariant", "weight", "correlation"]
+METHODS: tuple[str, ...] = get_args(Method)
+METRICS: tuple[str, ...] = get_args(Metric)
 
 
 @dataclass(frozen=True)
 class AlignOptions:
-    """Every setting of :func:`lmc.matching.align` (see its docstring for their meaning)."""
+    """How :func:`lmc.matching.align` aligns a pair (paper Section 5; SPEC section 3)."""
 
     method: Method = "full"
+    """Stages to run: ``naive`` (no change), ``permutation`` (Stage 1: head, FFN and residual
+    permutations), ``orthogonal`` (plus the best orthogonal group element per head) or ``full``
+    (plus L-BFGS on the exact objective)."""
+
     metric: Metric = "invariant"
+    """Stage 1 head cost: ``invariant`` (distances of the group-invariant products ``Q K^T`` and
+    ``V O``), ``weight`` (the weight distance left after Stage 2 for each candidate pair) or
+    ``correlation`` (cosine similarities of the invariant products)."""
+
     steps: int = 30
+    """Most L-BFGS iterations of Stage 2 (0 stops after the orthogonal start). Independent pairs
+    gain little after a few dozen (see ``benchmarks/``); planted pairs converge well before."""
+
     lr: float = 1.0
+    """L-BFGS step size (1 is the natural quasi-Newton step)."""
+
     tolerance: float = 1e-12
+    """Stop Stage 2 when the largest gradient entry falls below this (each objective is scaled by
+    its target's squared norm)."""
+
     max_iterations: int = 20
+    """Most coordinate-descent rounds over the FFN, task-head, head and residual permutations of
+    ``full_model`` (0: the residual permutation from the anchors alone)."""
+
     check_rtol: float | None = None
+    """Largest relative output change allowed between the source and the aligned model on the
+    probe input; ``None`` uses the stored dtype's default (see ``PROBE_RTOL`` in
+    :mod:`lmc.matching.alignment`). 0 demands bitwise-equal outputs."""
+
     probe_batch_size: int = 2
+    """Random inputs in the probe that checks the aligned model computes the source's function."""
+
     seed: int = 0
+    """Seed of the probe input."""
+
     share_frozen: bool = True
+    """Outside ``full_model``, let the aligned model share the parameters outside the scope with
+    the source instead of copying them (they are unchanged by construction). ``False`` returns a
+    fully independent copy."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.metric not in METRICS:
+            raise ValueError(f"unknown metric {self.metric!r}; choose one of {', '.join(METRICS)}")
+        for name, least in (("steps", 0), ("max_iterations", 0), ("probe_batch_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if not (isinstance(self.lr, int | float) and self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
+        if not (isinstance(self.tolerance, int | float) and 0 <= self.tolerance < math.inf):
+            raise ValueError(f"tolerance must be a finite number >= 0, got {self.tolerance!r}")
+        if self.check_rtol is not None and not (
+            isinstance(self.check_rtol, int | float) and 0 <= self.check_rtol < math.inf
+        ):
+            raise ValueError(
+                f"check_rtol must be None (the dtype's default) or a finite number >= 0, got {self.check_rtol!r}"
+            )

@@ -12,13 +12,16 @@ from collections.abc import Iterable, Mapping
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from lmc.symmetry import compute_dtype
+
 
 def axis_correlation(
     source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], axes: Iterable[tuple[str, int]], size: int
 ) -> torch.Tensor:
     """``S[a, b] = sum over (parameter, axis) of <slice a of source, slice b of target>``, ``(size, size)``.
 
-    An axis ``k * size`` long holds ``k`` stacked copies; their correlations add up.
+    An axis ``k * size`` long holds ``k`` stacked copies; their correlations add up. Each product
+    runs in :func:`~lmc.symmetry.compute_dtype` of the parameter's dtype.
     """
     correlation = torch.zeros(size, size, dtype=torch.float64)
     for name, axis in axes:
@@ -27,7 +30,8 @@ def axis_correlation(
         copies = a.shape[0] // size
         a = a.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
         b = b.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
-        correlation += (a @ b.T).double().cpu()
+        dtype = compute_dtype(a.dtype)
+        correlation += (a.to(dtype) @ b.to(dtype).T).double().cpu()
     return correlation
 
 

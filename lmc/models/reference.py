@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmc.symmetry.spec import rotary_pairs
+from lmc.rotary import rotary_pairs
 
 
 @dataclass

@@ -1,27 +1,31 @@
-"""Exact weight-space symmetries of Transformers (paper Sections 2-4; SPEC section 2).
+"""Exact weight-space symmetries of Transformers as data and math (paper Sections 2-4; SPEC section 2).
 
-``describe(model)`` lists each attention layer's group; ``random_symmetry(model, scope, seed)``
-returns a transformed copy that computes the same function. Specs (:mod:`lmc.symmetry.spec`)
-say where each group acts; :mod:`lmc.symmetry.groups` holds ``GL`` and RoPE's ``H``;
-:mod:`lmc.symmetry.transforms` applies, inverts and composes elements.
+Specs (:mod:`lmc.symmetry.spec`) say where each group acts and which blocks a scope covers;
+:mod:`lmc.symmetry.groups` holds ``GL`` and RoPE's ``H``; :mod:`lmc.symmetry.transforms`
+samples, applies, inverts and composes elements. Nothing here knows a model class: the
+model-level entry points (``model_spec``, ``describe``, ``random_symmetry``, ...) live in
+:mod:`lmc.adapters`, which turns models into specs.
 """
 
-from lmc.symmetry.api import (
-    apply_transform,
-    describe,
-    model_spec,
-    random_symmetry,
-    sample_transform,
-    scope_blocks,
-    scope_parameters,
-)
 from lmc.symmetry.groups import TiedGroup, general_linear, other_pair_layout, rotary_commutant
-from lmc.symmetry.spec import SCOPES, AttentionSpec, AxisPermutation, HeadSlot, RotaryLayout, Scope, SymmetrySpec
+from lmc.symmetry.spec import (
+    SCOPES,
+    AttentionSpec,
+    AxisPermutation,
+    HeadSlot,
+    RotaryLayout,
+    Scope,
+    SymmetrySpec,
+    check_scope,
+    scope_blocks,
+)
 from lmc.symmetry.transforms import (
     AttentionTransform,
     ModelTransform,
+    compute_dtype,
     qk_group,
     sample_attention_transform,
+    sample_transform,
     transform_attention,
     vo_group,
 )
@@ -29,8 +33,6 @@ from lmc.symmetry.weights import AttentionWeights, head_rows, read_attention, wr
 
 __all__ = [
     "SCOPES",
-    "Scope",
-    "apply_transform",
     "AttentionSpec",
     "AttentionTransform",
     "AttentionWeights",
@@ -38,21 +40,20 @@ __all__ = [
     "HeadSlot",
     "ModelTransform",
     "RotaryLayout",
+    "Scope",
     "SymmetrySpec",
     "TiedGroup",
-    "describe",
+    "check_scope",
+    "compute_dtype",
     "general_linear",
     "head_rows",
-    "model_spec",
     "other_pair_layout",
     "qk_group",
-    "random_symmetry",
     "read_attention",
     "rotary_commutant",
     "sample_attention_transform",
     "sample_transform",
     "scope_blocks",
-    "scope_parameters",
     "transform_attention",
     "vo_group",
     "write_attention",

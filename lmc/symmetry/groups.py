@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lmc.symmetry.spec import RotaryLayout, rotary_pairs
+from lmc.rotary import rotary_pairs
+from lmc.symmetry.spec import RotaryLayout
 
 # Two angles are "the same rotation" when cos and sin agree to this (angles come from
 # float32 buffers in most models).

@@ -20,6 +20,8 @@ import torch
 PositionalEncoding = Literal["none", "absolute", "rope"]
 RopeLayout = Literal["half", "interleaved", "axial"]
 Scope = Literal["first_attention", "all_attention", "first_block", "full_model"]
+"""Which part of a model is re-initialized and aligned (SPEC section 5): the first attention
+layer, every attention layer, the first block (attention and FFN) or the whole model."""
 SCOPES: tuple[str, ...] = get_args(Scope)
 
 
@@ -71,22 +73,6 @@ class RotaryLayout:
     def rotary_dim(self) -> int:
         """Number of head coordinates that rotate."""
         return 2 * self.pairs.shape[0]
-
-
-def rotary_pairs(layout: str, rotary_dim: int) -> torch.Tensor:
-    """The coordinate pairs of a 1-D rotary layout, shape ``(rotary_dim // 2, 2)``.
-
-    Args:
-        layout: ``"half"`` (``rotate_half``: pairs ``(j, j + r/2)``) or ``"interleaved"``
-            (pairs ``(2j, 2j + 1)``).
-        rotary_dim: Rotated coordinates per head (even).
-    """
-    j = torch.arange(rotary_dim // 2)
-    if layout == "half":
-        return torch.stack([j, j + rotary_dim // 2], dim=1)
-    if layout == "interleaved":
-        return torch.stack([2 * j, 2 * j + 1], dim=1)
-    raise ValueError(f"unknown rotary layout {layout!r}; choose 'half' or 'interleaved'")
 
 
 @dataclass(frozen=True)
@@ -209,14 +195,36 @@ class SymmetrySpec:
         residual_note: Why ``residual`` is ``None``, for error messages.
         fixed: Parameters that are constants of the architecture, never trained nor
             re-initialized (RoFormer's sinusoidal table is stored as a frozen parameter).
+        task_heads: Hidden units of task heads that sit between two linear maps with an
+            elementwise nonlinearity of their own (BERT's tanh pooler, RoFormer's classifier
+            MLP): they permute like FFN hidden units. Only ``full_model`` moves them.
     """
 
     blocks: tuple[BlockSpec, ...]
     residual: AxisPermutation | None = None
     residual_note: str = field(default="", compare=False)
     fixed: tuple[str, ...] = ()
+    task_heads: tuple[AxisPermutation, ...] = ()
 
     @property
     def attention(self) -> tuple[AttentionSpec, ...]:
         """The attention layers, input to output."""
         return tuple(block.attention for block in self.blocks)
+
+
+def check_scope(scope: str) -> None:
+    """Raise ``ValueError`` unless ``scope`` is one of :data:`SCOPES`."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}; choose one of {', '.join(SCOPES)}")
+
+
+def scope_blocks(spec: SymmetrySpec, scope: Scope) -> tuple[list[int], list[int], bool]:
+    """What a scope covers: its attention layers, its FFNs and whether it is the whole model.
+
+    The whole model adds the residual-stream permutation and the task heads' hidden units.
+    """
+    check_scope(scope)
+    every = list(range(len(spec.blocks)))
+    attention = [0] if scope in ("first_attention", "first_block") else every
+    feed_forward = {"first_attention": [], "all_attention": [], "first_block": [0], "full_model": every}[scope]
+    return attention, [i for i in feed_forward if spec.blocks[i].feed_forward is not None], scope == "full_model"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lmc.symmetry.groups import TiedGroup, general_linear, rotary_commutant
-from lmc.symmetry.spec import AttentionSpec, AxisPermutation, SymmetrySpec
+from lmc.symmetry.spec import AttentionSpec, AxisPermutation, Scope, SymmetrySpec, scope_blocks
 from lmc.symmetry.weights import AttentionWeights, read_attention, write_attention
 
 
@@ -69,12 +69,15 @@ class AttentionTransform:
         )
 
     def compose(self, then: AttentionTransform) -> AttentionTransform:
-        """The element ``then o self``: apply ``self`` first, then ``then``."""
+        """The element ``then o self``: apply ``self`` first, then ``then`` (on ``self``'s device).
+
+        ``then`` may come from Stage 2, computed where the weights live; ``self`` from the CPU.
+        """
         return AttentionTransform(
             self.query_permutation[then.query_permutation],
             self.kv_permutation[then.kv_permutation],
-            self.qk[then.kv_permutation] @ then.qk,
-            self.vo[then.kv_permutation] @ then.vo,
+            self.qk[then.kv_permutation] @ then.qk.to(self.qk.device),
+            self.vo[then.kv_permutation] @ then.vo.to(self.vo.device),
         )
 
     def validate(self, spec: AttentionSpec, rtol: float = 1e-8) -> None:
@@ -96,26 +99,41 @@ class AttentionTransform:
                 raise ValueError(f"{spec.name}: {name} is not in the layer's {group.name}({d_h}) group")
 
 
-def transform_attention(weights: AttentionWeights, transform: AttentionTransform) -> AttentionWeights:
-    """Apply ``transform`` to per-head weights; computed in the weights' dtype.
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype lmc's linear algebra runs in for weights stored in ``dtype``.
 
+    ``float32`` and ``float64`` stay; ``float16`` and ``bfloat16`` compute in ``float32`` (PyTorch
+    has no half-precision matrix inverse, and Gram matrices of half-precision weights overflow).
+    """
+    return torch.promote_types(dtype, torch.float32)
+
+
+def transform_attention(weights: AttentionWeights, transform: AttentionTransform) -> AttentionWeights:
+    """Apply ``transform`` to per-head weights.
+
+    Computed in :func:`compute_dtype` of the weights' dtype and returned in the weights' dtype.
     No membership check is made: tests use this to apply elements *outside* the group.
     """
-    dtype = weights.query.dtype
+    stored = weights.query.dtype
+    dtype = compute_dtype(stored)
     q = transform.queries_per_kv
-    qk, vo = transform.qk.to(dtype), transform.vo.to(dtype)
+    # Elements are sampled (and composed) on the CPU; the weights may live on an accelerator.
+    qk, vo = (m.to(device=weights.query.device, dtype=dtype) for m in (transform.qk, transform.vo))
     qk_inverse_t, vo_inverse = torch.linalg.inv(qk).mT, torch.linalg.inv(vo)
     qk_per_query, vo_inverse_per_query = qk.repeat_interleave(q, 0), vo_inverse.repeat_interleave(q, 0)
     query_perm, kv_perm = transform.query_permutation, transform.kv_permutation
 
+    def left(matrix: torch.Tensor, perm: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
+        return (matrix[perm].to(dtype) @ matrices).to(stored)
+
     def rows(bias: torch.Tensor | None, perm: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor | None:
-        return None if bias is None else (bias[perm].unsqueeze(1) @ matrices).squeeze(1)
+        return None if bias is None else left(bias.unsqueeze(1), perm, matrices).squeeze(1)
 
     return AttentionWeights(
-        query=weights.query[query_perm] @ qk_per_query,
-        key=weights.key[kv_perm] @ qk_inverse_t,
-        value=weights.value[kv_perm] @ vo,
-        out=vo_inverse_per_query @ weights.out[query_perm],
+        query=left(weights.query, query_perm, qk_per_query),
+        key=left(weights.key, kv_perm, qk_inverse_t),
+        value=left(weights.value, kv_perm, vo),
+        out=(vo_inverse_per_query @ weights.out[query_perm].to(dtype)).to(stored),
         query_bias=rows(weights.query_bias, query_perm, qk_per_query),
         key_bias=rows(weights.key_bias, kv_perm, qk_inverse_t),
         value_bias=rows(weights.value_bias, kv_perm, vo),
@@ -143,16 +161,18 @@ def permute_axes(parameters: Mapping[str, torch.Tensor], permutation: AxisPermut
 
 @dataclass
 class ModelTransform:
-    """A symmetry of a whole model: attention elements per layer, FFN and residual permutations.
+    """A symmetry of a whole model: attention elements per layer, FFN, task-head and residual permutations.
 
     Attributes:
         attention: Layer index -> element; absent layers are left unchanged.
         feed_forward: Block index -> permutation of the FFN's hidden units.
+        task_heads: Index into ``spec.task_heads`` -> permutation of that head's hidden units.
         residual: Permutation of the residual stream, or ``None``.
     """
 
     attention: dict[int, AttentionTransform] = field(default_factory=dict)
     feed_forward: dict[int, torch.Tensor] = field(default_factory=dict)
+    task_heads: dict[int, torch.Tensor] = field(default_factory=dict)
     residual: torch.Tensor | None = None
 
     def compose(self, then: ModelTransform, spec: SymmetrySpec) -> ModelTransform:
@@ -167,11 +187,16 @@ class ModelTransform:
         for i in sorted(self.attention.keys() | then.attention.keys()):
             identity = AttentionTransform.identity(spec.blocks[i].attention)
             attention[i] = self.attention.get(i, identity).compose(then.attention.get(i, identity))
-        feed_forward = {
-            i: chain(self.feed_forward.get(i), then.feed_forward.get(i))
-            for i in sorted(self.feed_forward.keys() | then.feed_forward.keys())
-        }
-        return ModelTransform(attention, feed_forward, chain(self.residual, then.residual))
+
+        def chain_each(first: dict[int, torch.Tensor], second: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+            return {i: chain(first.get(i), second.get(i)) for i in sorted(first.keys() | second.keys())}
+
+        return ModelTransform(
+            attention,
+            chain_each(self.feed_forward, then.feed_forward),
+            chain_each(self.task_heads, then.task_heads),
+            chain(self.residual, then.residual),
+        )
 
     def apply_(self, parameters: Mapping[str, torch.Tensor], spec: SymmetrySpec) -> None:
         """Transform the parameters in place (``dict(model.named_parameters())``)."""
@@ -183,6 +208,8 @@ class ModelTransform:
             if feed_forward is None:
                 raise ValueError(f"block {index} has no feed-forward network to permute")
             permute_axes(parameters, feed_forward.hidden, perm)
+        for index, perm in self.task_heads.items():
+            permute_axes(parameters, spec.task_heads[index], perm)
         if self.residual is not None:
             if spec.residual is None:
                 raise ValueError(f"this model has no residual-stream symmetry: {spec.residual_note}")
@@ -210,3 +237,19 @@ def sample_attention_transform(
         (qk or qk_group(spec)).sample(spec.num_kv_heads, generator),
         vo_group(spec).sample(spec.num_kv_heads, generator),
     )
+
+
+def sample_transform(spec: SymmetrySpec, scope: Scope, generator: torch.Generator) -> ModelTransform:
+    """A random element of the scope's symmetry group (float64 matrices)."""
+    attention, feed_forward, whole = scope_blocks(spec, scope)
+    transform = ModelTransform()
+    for i in attention:
+        transform.attention[i] = sample_attention_transform(spec.blocks[i].attention, generator)
+    for i in feed_forward:
+        transform.feed_forward[i] = torch.randperm(spec.blocks[i].feed_forward.hidden.size, generator=generator)
+    if whole:
+        for i, head in enumerate(spec.task_heads):
+            transform.task_heads[i] = torch.randperm(head.size, generator=generator)
+        if spec.residual is not None:
+            transform.residual = torch.randperm(spec.residual.size, generator=generator)
+    return transform

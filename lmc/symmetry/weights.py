@@ -7,7 +7,7 @@ are ``d x head_dim`` and ``W_O`` is ``head_dim x d``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -35,12 +35,6 @@ class AttentionWeights:
     query_bias: torch.Tensor | None = None
     key_bias: torch.Tensor | None = None
     value_bias: torch.Tensor | None = None
-
-    def map(self, fn) -> AttentionWeights:
-        """Apply ``fn`` to every present tensor."""
-        return replace(
-            self, **{f.name: fn(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}
-        )
 
 
 # (field, slot attribute, whether the per-head block is stored head_dim x d and must be transposed)

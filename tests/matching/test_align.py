@@ -5,25 +5,19 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import pytest
 import torch
 from torch import nn
 
-from lmc.adapters import adapter_for
-from lmc.matching import METHODS, METRICS, AlignmentError, align
-from lmc.matching.attention import (
-    LayerGrams,
-    Stage2Options,
-    Stage2Problem,
-    assign_heads,
-    head_cost,
-    solve_stage2,
-    stage2_problems,
-)
+from lmc.adapters import adapter_for, model_spec, random_symmetry, scope_parameters
+from lmc.matching import METHODS, METRICS, PROBE_RTOL, AlignmentError, AlignOptions, align
+from lmc.matching.grams import LayerGrams
+from lmc.matching.heads import assign_heads, head_cost
+from lmc.matching.stage2 import Stage2Problem, solve_stage2, stage2_problems
 from lmc.models import create_model, randomize_parameters_
-from lmc.symmetry import SCOPES, model_spec, qk_group, random_symmetry, scope_parameters, vo_group
+from lmc.symmetry import SCOPES, qk_group, vo_group
 from tests.architectures import ARCHITECTURES, DEFAULT_OUTPUT_RTOL, OUTPUT_RTOL, build, relative_difference
 
 
@@ -76,7 +70,7 @@ def test_independent_pairs_keep_the_function_and_get_closer_stage_by_stage(key, 
     reference = outputs(source)
     distances = {}
     for method in METHODS:
-        aligned, report = align(source, target, scope=scope, method=method)
+        aligned, report = align(source, target, scope=scope, options=AlignOptions(method=method))
         assert relative_difference(reference, outputs(aligned)) < OUTPUT_RTOL.get(key, DEFAULT_OUTPUT_RTOL) * 100
         distances[method] = scoped_distance(aligned, target, names)
         if method != "naive":
@@ -89,6 +83,30 @@ def test_independent_pairs_keep_the_function_and_get_closer_stage_by_stage(key, 
     assert distances["full"] < distances["naive"]
 
 
+# The two Linears around each task head's own nonlinearity: (writes the hidden units, reads them).
+TASK_HEADS = {"bert": ("bert.pooler.dense", "classifier"), "roformer": ("classifier.dense", "classifier.out_proj")}
+
+
+@pytest.mark.parametrize("key", list(TASK_HEADS))
+def test_full_model_recovers_task_head_units_permuted_by_hand(key):
+    """A task head's hidden units permute without changing the function; full_model must match them."""
+    source = build(key)
+    target = random_symmetry(source, scope="full_model", seed=5)
+    writer, reader = TASK_HEADS[key]
+    parameters = dict(target.named_parameters())
+    perm = torch.randperm(parameters[f"{writer}.bias"].numel(), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for name, axis in ((f"{writer}.weight", 0), (f"{writer}.bias", 0), (f"{reader}.weight", 1)):
+            parameters[name].copy_(parameters[name].index_select(axis, perm))
+    assert relative_difference(outputs(source), outputs(target)) < DEFAULT_OUTPUT_RTOL  # a symmetry
+    names = scope_parameters(source, "full_model")
+
+    aligned, report = align(source, target, scope="full_model")
+
+    assert scoped_distance(aligned, target, names) < 1e-8 * scoped_norm(target, names)
+    assert [layer.kind for layer in report.layers].count("task_head") == 1
+
+
 @pytest.mark.parametrize("key", ["ref-vit-learned", "ref-vit-rope-interleaved", "gpt2", "roformer", "timm-rope-vit"])
 def test_stage1_choice_is_the_best_of_all_24_head_orders(key):
     source = build(key)
@@ -96,8 +114,8 @@ def test_stage1_choice_is_the_best_of_all_24_head_orders(key):
     layer = model_spec(source).blocks[0].attention
     assert layer.num_heads == 4 and layer.num_kv_heads == 4
     grams = LayerGrams.compute(dict(source.named_parameters()), dict(target.named_parameters()), layer)
-    options = Stage2Options()
-    chosen, _ = assign_heads(head_cost(grams, layer, "invariant", True, options), 1)
+    options = AlignOptions()
+    chosen, _ = assign_heads(head_cost(grams, layer, options), 1)
 
     # Stage 2 after each of the 24 head orders, solved as one batch of 24 x 4 problems per group.
     orders = list(itertools.permutations(range(4)))
@@ -107,7 +125,7 @@ def test_stage1_choice_is_the_best_of_all_24_head_orders(key):
         batch = Stage2Problem(
             *(torch.cat([getattr(p[role], f.name) for p in per_order]) for f in fields(Stage2Problem))
         )
-        distances += batch.distance(solve_stage2(batch, group, True, options)).reshape(len(orders), 4).sum(1)
+        distances += batch.distance(solve_stage2(batch, group, options)).reshape(len(orders), 4).sum(1)
     ranking = torch.argsort(distances)
     assert orders[ranking[0]] == tuple(chosen.tolist())
     assert distances[ranking[1]] > 1e3 * distances[ranking[0]]  # the optimum is unique
@@ -119,8 +137,8 @@ def test_every_head_metric_recovers_planted_pairs(key, metric):
     source = build(key)
     target = random_symmetry(source, scope="all_attention", seed=4)
     names = scope_parameters(source, "all_attention")
-    aligned, report = align(source, target, scope="all_attention", metric=metric)
-    assert report.metric == metric
+    aligned, report = align(source, target, scope="all_attention", options=AlignOptions(metric=metric))
+    assert report.options.metric == metric
     assert scoped_distance(aligned, target, names) < 1e-6 * scoped_norm(target, names)
 
 
@@ -136,7 +154,9 @@ def test_report_describes_every_stage_and_serializes():
     assert set(attention.distance) == {"naive", "permutation", "orthogonal", "full"}
     assert set(attention.seconds) == {"grams", "stage1", "stage2"}
     assert report.probe_relative_error < 2e-6
-    assert json.loads(json.dumps(report.to_dict()))["scope"] == "first_block"
+    serialized = json.loads(json.dumps(report.to_dict()))
+    assert serialized["scope"] == "first_block" and serialized["options"] == asdict(AlignOptions())
+    assert (serialized["dtype"], serialized["check_rtol"]) == ("float64", PROBE_RTOL[torch.float64])
 
 
 def _unchanged(*models: nn.Module):
@@ -194,18 +214,97 @@ def test_non_finite_weights_are_refused(bad):
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("options", "message"),
     [
-        ({"method": "sinkhorn"}, "unknown method 'sinkhorn'"),
-        ({"metric": "cka"}, "unknown metric 'cka'"),
-        ({"scope": "everything"}, "unknown scope 'everything'"),
-        ({"stepz": 3}, r"unknown option\(s\) \['stepz'\]"),
+        ({"method": "sinkhorn"}, "unknown method 'sinkhorn'; choose one of naive, permutation, orthogonal, full"),
+        ({"metric": "cka"}, "unknown metric 'cka'; choose one of invariant, weight, correlation"),
+        ({"steps": -1}, "steps must be an integer >= 0, got -1"),
+        ({"steps": 2.5}, "steps must be an integer >= 0, got 2.5"),
+        ({"max_iterations": -1}, "max_iterations must be an integer >= 0"),
+        ({"probe_batch_size": 0}, "probe_batch_size must be an integer >= 1, got 0"),
+        ({"lr": 0.0}, "lr must be a finite number > 0, got 0.0"),
+        ({"lr": float("nan")}, "lr must be a finite number > 0, got nan"),
+        ({"tolerance": -1e-3}, "tolerance must be a finite number >= 0"),
+        ({"check_rtol": -1e-3}, "check_rtol must be None .* or a finite number >= 0, got -0.001"),
     ],
 )
-def test_bad_arguments_are_refused(kwargs, message):
+def test_bad_options_are_refused_when_built(options, message):
+    with pytest.raises(ValueError, match=message):
+        AlignOptions(**options)
+
+
+def test_bad_scope_and_untyped_options_are_refused():
     source = build("ref-lm-none")
+    with pytest.raises(ValueError, match="unknown scope 'everything'; choose one of first_attention, all_attention"):
+        align(source, copy.deepcopy(source), scope="everything")
+    with pytest.raises(TypeError, match="options must be an lmc.matching.AlignOptions, got dict"):
+        align(source, copy.deepcopy(source), options={"method": "full"})
+
+
+def test_check_rtol_zero_is_honoured_not_replaced_by_the_default():
+    source = build("ref-vit-learned")
+    target = reinitialized(source, "first_attention", seed=1)
+    _, report = align(source, target, options=AlignOptions(method="naive", check_rtol=0.0))  # the same function
+    assert report.check_rtol == 0.0 and report.probe_relative_error == 0.0
+    # A real transform changes outputs by rounding (~1e-16), which check_rtol=0 must refuse.
+    with pytest.raises(AlignmentError, match=r"misses check_rtol=0: relative output change [0-9.e-]+ on the probe"):
+        align(source, target, options=AlignOptions(check_rtol=0.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("key", ["ref-lm-rope-half-gqa-swiglu-rms-nobias", "gpt2", "timm-eva02"])
+def test_half_precision_models_align_and_stay_in_their_dtype(key, dtype):
+    source = build(key).to(dtype)
+    target = random_symmetry(source, scope="full_model", seed=5)
+    assert next(target.parameters()).dtype == dtype
+
+    aligned, report = align(source, target, scope="full_model")
+
+    assert {p.dtype for p in aligned.parameters()} == {dtype}
+    assert (report.dtype, report.check_rtol) == (str(dtype).removeprefix("torch."), PROBE_RTOL[dtype])
+    assert report.probe_relative_error <= PROBE_RTOL[dtype]
+    # Recovered up to the dtype's rounding (observed <= 1e-3 of the naive distance).
+    assert report.distance["aligned"] < 1e-2 * report.distance["naive"]
+
+
+def _one_layer_in_float32(model: nn.Module) -> nn.Module:
+    model.blocks[0].attn.qkv.float()
+    return model
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (nn.Module.float, "source and target differ in dtype: source is torch.float64, target is torch.float32"),
+        (lambda m: m.to("meta"), "source and target differ in device: source is cpu, target is meta"),
+        (_one_layer_in_float32, r"the target model's parameters mix dtypes \(torch.float32, torch.float64\)"),
+    ],
+)
+def test_mixed_dtypes_or_devices_are_refused(change, message):
+    source = build("timm-vit")
+    target = change(reinitialized(source, "first_attention", seed=1))
     with pytest.raises(AlignmentError, match=message):
-        align(source, copy.deepcopy(source), **kwargs)
+        align(source, target)
+
+
+@pytest.mark.parametrize("scope", ["first_attention", "full_model"])
+def test_weights_too_large_for_the_dtype_are_refused_with_the_fix(scope):
+    source = build("ref-vit-learned").float()
+    target = reinitialized(source, scope, seed=1)
+    with torch.no_grad():
+        target.blocks[0].attn.q_proj.weight[0, 0] = 1e30  # finite, but its square overflows float32
+    with pytest.raises(AlignmentError, match=r"overflows: the weights are too large to align in float32; cast both"):
+        align(source, target, scope=scope)
+
+
+def test_a_model_whose_outputs_overflow_is_refused_before_the_check():
+    source = build("ref-vit-learned").half()
+    target = reinitialized(source, "first_attention", seed=1)
+    with torch.no_grad():
+        for model in (source, target):
+            model.norm.weight.fill_(6e4)  # the logits exceed float16's range
+    with pytest.raises(AlignmentError, match="source model's outputs on the probe input are not finite in float16"):
+        align(source, target)
 
 
 def test_an_alignment_that_is_not_a_symmetry_raises(monkeypatch):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
-from lmc.symmetry import describe, model_spec, read_attention, scope_parameters, write_attention
+from lmc.adapters import describe, model_spec, scope_parameters
+from lmc.symmetry import read_attention, write_attention
 from tests.architectures import ARCHITECTURES, build
 
 # test id -> (pe, rope_layout, num_heads, num_kv_heads, head_dim, qk_group, qk_group_dim)
@@ -88,11 +91,22 @@ def test_eva_view_has_no_key_bias_and_separate_query_value_biases():
 @pytest.mark.parametrize(
     "key", ["gpt2", "llama-gqa", "timm-rope-vit", "timm-eva02", "ref-lm-rope-half-gqa-swiglu-rms-nobias"]
 )
-def test_write_of_read_is_the_identity(key):
+def test_write_of_read_restores_every_slot_into_a_zeroed_copy(key):
+    """Writing what was read into zeroed parameters gives back exactly the layers' stored entries, nothing else."""
     model = build(key)
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    parameters = dict(model.named_parameters())
-    for layer in model_spec(model).attention:
-        write_attention(parameters, layer, read_attention(parameters, layer))
+    spec = model_spec(model)
+    read = [read_attention(dict(model.named_parameters()), layer) for layer in spec.attention]
+    blank = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in blank.parameters():
+            parameter.zero_()
+    written = dict(blank.named_parameters())
+    for layer, weights in zip(spec.attention, read):
+        write_attention(written, layer, weights)
+
+    slots = {slot.parameter for layer in spec.attention for slot in layer.slots}
     for name, value in model.named_parameters():
-        assert torch.equal(value, before[name])
+        if name in slots:
+            assert torch.equal(written[name], value), f"{name} was not written back exactly"
+        else:
+            assert not written[name].any(), f"{name} is no slot but was written"

@@ -7,18 +7,18 @@ import math
 import pytest
 import torch
 
+from lmc.adapters import model_spec
+from lmc.rotary import rotary_pairs
 from lmc.symmetry import (
     AttentionTransform,
     RotaryLayout,
     general_linear,
-    model_spec,
     qk_group,
     read_attention,
     rotary_commutant,
     sample_attention_transform,
     transform_attention,
 )
-from lmc.symmetry.spec import rotary_pairs
 from tests.architectures import ROPE, build
 
 

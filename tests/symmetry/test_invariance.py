@@ -6,16 +6,22 @@ import pytest
 import torch
 from torch import nn
 
-from lmc.adapters import UnsupportedModelError, adapter_for, list_adapters
+from lmc.adapters import (
+    UnsupportedModelError,
+    adapter_for,
+    apply_transform,
+    describe,
+    list_adapters,
+    model_spec,
+    random_symmetry,
+)
+from lmc.models import create_model
 from lmc.symmetry import (
     SCOPES,
     AttentionTransform,
     ModelTransform,
-    apply_transform,
     general_linear,
-    model_spec,
     other_pair_layout,
-    random_symmetry,
     rotary_commutant,
     sample_attention_transform,
     sample_transform,
@@ -47,6 +53,7 @@ def transformed_parameters(model: nn.Module, scope: str) -> set[str]:
     transform = sample_transform(spec, scope, torch.Generator().manual_seed(0))
     names = {slot.parameter for i in transform.attention for slot in spec.blocks[i].attention.slots}
     names |= {name for i in transform.feed_forward for name, _ in spec.blocks[i].feed_forward.hidden.axes}
+    names |= {name for i in transform.task_heads for name, _ in spec.task_heads[i].axes}
     if transform.residual is not None:
         names |= {name for name, _ in spec.residual.axes}
     return names
@@ -137,3 +144,48 @@ def test_unsupported_model_raises_an_error_listing_the_supported_ones():
 def test_unknown_scope_is_rejected():
     with pytest.raises(ValueError, match="unknown scope 'first_layer'.*first_attention"):
         random_symmetry(build("ref-lm-none"), scope="first_layer")
+
+
+def _vit_with_parallel_blocks() -> nn.Module:
+    from timm.models.vision_transformer import ParallelScalingBlock
+
+    return create_model("vit-tiny", dtype=torch.float64, block_fn=ParallelScalingBlock)
+
+
+def _llama_with_attention_subclass() -> nn.Module:
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    class ScaledLlamaAttention(LlamaAttention):
+        """Same parameters, another function: a subclass must not pass for the class it extends."""
+
+    model = build("llama-gqa")
+    model.model.layers[1].self_attn.__class__ = ScaledLlamaAttention
+    return model
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: create_model("vit-tiny", dtype=torch.float64, attn_layer="diff"),
+            r"blocks\.0\.attn is a timm\.layers\.diff_attention\.DiffAttention, which lmc does not support: "
+            r"the adapter knows the symmetries of Attention there",
+        ),
+        (
+            _vit_with_parallel_blocks,
+            r"blocks\.0 is a timm\.models\.vision_transformer\.ParallelScalingBlock, which lmc does not support",
+        ),
+        (
+            _llama_with_attention_subclass,
+            r"model\.layers\.1\.self_attn is a .*ScaledLlamaAttention, which lmc does not support: "
+            r"the adapter knows the symmetries of LlamaAttention there",
+        ),
+    ],
+)
+def test_attention_variants_the_adapter_does_not_know_are_refused_by_class(make, message):
+    """timm's DiffAttention ViT stores a fused qkv like Attention, yet GL is no symmetry of it."""
+    model = make()
+    with pytest.raises(UnsupportedModelError, match=message):
+        random_symmetry(model)
+    with pytest.raises(UnsupportedModelError, match=message):
+        describe(model)

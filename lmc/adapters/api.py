@@ -1,4 +1,8 @@
-"""Public entry points of :mod:`lmc.symmetry`: describe a model, sample a symmetry, name a scope."""
+"""Model-level entry points: a model's spec, its per-layer groups, scopes and random symmetries.
+
+These read a model through its registered adapter, then hand the spec to the generic code of
+:mod:`lmc.symmetry`.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmc.symmetry.spec import SCOPES, SymmetrySpec
-from lmc.symmetry.transforms import ModelTransform, qk_group, sample_attention_transform
+from lmc.adapters.base import adapter_for
+from lmc.symmetry import ModelTransform, Scope, SymmetrySpec, qk_group, sample_transform, scope_blocks
 
 
 def model_spec(model: nn.Module) -> SymmetrySpec:
     """The symmetry spec of ``model``, from its registered adapter."""
-    from lmc.adapters import adapter_for
-
     return adapter_for(model).spec(model)
 
 
@@ -49,21 +51,7 @@ def describe(model: nn.Module) -> list[dict[str, Any]]:
     return layers
 
 
-def check_scope(scope: str) -> None:
-    if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}; choose one of {', '.join(SCOPES)}")
-
-
-def scope_blocks(spec: SymmetrySpec, scope: str) -> tuple[list[int], list[int], bool]:
-    """Which attention layers and FFNs a scope covers, and whether the residual stream is in it."""
-    check_scope(scope)
-    every = list(range(len(spec.blocks)))
-    attention = [0] if scope in ("first_attention", "first_block") else every
-    feed_forward = {"first_attention": [], "all_attention": [], "first_block": [0], "full_model": every}[scope]
-    return attention, [i for i in feed_forward if spec.blocks[i].feed_forward is not None], scope == "full_model"
-
-
-def scope_parameters(model: nn.Module, scope: str, spec: SymmetrySpec | None = None) -> list[str]:
+def scope_parameters(model: nn.Module, scope: Scope, spec: SymmetrySpec | None = None) -> list[str]:
     """Names of the parameters a scope re-initializes (SPEC section 5), in model order.
 
     ``full_model`` is every parameter but the architecture's constants (``spec.fixed``); the
@@ -78,27 +66,14 @@ def scope_parameters(model: nn.Module, scope: str, spec: SymmetrySpec | None = N
     return [name for name, _ in model.named_parameters() if (whole and name not in fixed) or name in owned]
 
 
-def sample_transform(spec: SymmetrySpec, scope: str, generator: torch.Generator) -> ModelTransform:
-    """A random element of the scope's symmetry group (float64 matrices)."""
-    attention, feed_forward, whole = scope_blocks(spec, scope)
-    transform = ModelTransform()
-    for i in attention:
-        transform.attention[i] = sample_attention_transform(spec.blocks[i].attention, generator)
-    for i in feed_forward:
-        transform.feed_forward[i] = torch.randperm(spec.blocks[i].feed_forward.hidden.size, generator=generator)
-    if whole and spec.residual is not None:
-        transform.residual = torch.randperm(spec.residual.size, generator=generator)
-    return transform
-
-
-def random_symmetry(model: nn.Module, scope: str = "all_attention", seed: int = 0) -> nn.Module:
+def random_symmetry(model: nn.Module, scope: Scope = "all_attention", seed: int = 0) -> nn.Module:
     """A transformed deep copy of ``model`` that computes the same function.
 
     Args:
         model: Any model with a registered adapter; it is not modified.
         scope: ``"first_attention"``, ``"all_attention"``, ``"first_block"`` (adds the first
-            FFN's hidden permutation) or ``"full_model"`` (every attention layer and FFN and the
-            residual stream: embeddings, norms, heads, poolers).
+            FFN's hidden permutation) or ``"full_model"`` (every attention layer and FFN, the
+            task heads' hidden units and the residual stream: embeddings, norms, heads, poolers).
         seed: Seed of the random group element.
     """
     spec = model_spec(model)

@@ -1,0 +1,124 @@
+"""Stage 1 of attention alignment: head costs and the head assignment (paper Section 5; SPEC section 3).
+
+Stage 1 orders the heads by a linear assignment on an ``h x h`` cost between source and target
+query heads; with grouped-query attention, query heads move only with their key/value head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from lmc.matching.grams import LayerGrams, frobenius_inner, trace
+from lmc.matching.options import AlignOptions
+from lmc.matching.stage2 import Stage2Problem, solve_stage2
+from lmc.symmetry import AttentionSpec, qk_group, vo_group
+
+
+def invariant_products(grams: LayerGrams, queries_per_kv: int) -> dict[str, torch.Tensor]:
+    """Inner products of the invariants ``M_i = Q_i K_g^T`` (row-centred) and ``N_i = V_g O_i``.
+
+    Uses ``<A1 B1^T, A2 B2^T> = sum((A1^T A2) * (B1^T B2))``: no ``d x d`` matrix is formed.
+
+    Returns:
+        ``qk_cross``, ``vo_cross`` of shape ``(h, h)`` and ``qk_source``, ``qk_target``,
+        ``vo_source``, ``vo_target`` of shape ``(h,)``.
+    """
+    key_cross, key_source, key_target = grams.centred_key()
+    q = queries_per_kv
+
+    def per_query(kv: torch.Tensor) -> torch.Tensor:  # expand KV-group blocks to query heads
+        kv = kv.repeat_interleave(q, 0)
+        return kv.repeat_interleave(q, 2) if kv.ndim == 4 else kv
+
+    def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # (n, d_h, n', d_h) blocks -> (n, n')
+        return torch.einsum("iajb,iajb->ij", a, b).double()
+
+    return {
+        "qk_cross": cross(grams.query_cross, per_query(key_cross)),
+        "vo_cross": cross(per_query(grams.value_cross), grams.out_cross),
+        "qk_source": frobenius_inner(grams.query_source, per_query(key_source)).double(),
+        "qk_target": frobenius_inner(grams.query_target, per_query(key_target)).double(),
+        "vo_source": frobenius_inner(per_query(grams.value_source), grams.out_source).double(),
+        "vo_target": frobenius_inner(per_query(grams.value_target), grams.out_target).double(),
+    }
+
+
+def head_cost(grams: LayerGrams, spec: AttentionSpec, options: AlignOptions) -> torch.Tensor:
+    """Stage 1 cost between source query head ``i`` and target query head ``j``, shape ``(h, h)``.
+
+    Metrics (``options.metric``):
+        ``invariant``: ``||M_i - M_j'||^2 + ||N_i - N_j'||^2`` (group-invariant products).
+        ``weight``: the squared weight distance left after Stage 2 for each candidate pair
+            (:func:`~lmc.matching.stage2.solve_stage2` with ``options``); with GQA the pair's own
+            query head and its KV head stand for the group.
+        ``correlation``: minus the cosine similarities of ``M`` and of ``N`` (scale-free).
+    """
+    if options.metric == "weight":
+        return _pairwise_stage2_distance(grams, spec, options)
+    p = invariant_products(grams, spec.queries_per_kv)
+    if options.metric == "invariant":
+        qk = p["qk_source"][:, None] + p["qk_target"][None, :] - 2 * p["qk_cross"]
+        vo = p["vo_source"][:, None] + p["vo_target"][None, :] - 2 * p["vo_cross"]
+        return qk + vo
+    tiny = torch.finfo(torch.float64).tiny
+    qk = p["qk_cross"] / (p["qk_source"][:, None] * p["qk_target"][None, :]).clamp(min=tiny).sqrt()
+    vo = p["vo_cross"] / (p["vo_source"][:, None] * p["vo_target"][None, :]).clamp(min=tiny).sqrt()
+    return -(qk + vo)
+
+
+def _pairwise_stage2_distance(grams: LayerGrams, spec: AttentionSpec, options: AlignOptions) -> torch.Tensor:
+    h, q = spec.num_heads, spec.queries_per_kv
+    kv_of = torch.arange(h) // q
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(h), indexing="ij")
+    rows, cols = rows.flatten(), cols.flatten()
+    gs, gt = kv_of[rows], kv_of[cols]
+    qk_problem = Stage2Problem(
+        grams.query_source[rows].double(),
+        grams.block("query", rows, cols),
+        grams.key_source[gs].double(),
+        grams.block("key", gs, gt),
+        trace(grams.query_target[cols]) + trace(grams.key_target[gt]),
+    )
+    vo_problem = Stage2Problem(
+        grams.value_source[gs].double(),
+        grams.block("value", gs, gt),
+        grams.out_source[rows].double(),
+        grams.block("out", rows, cols),
+        trace(grams.value_target[gt]) + trace(grams.out_target[cols]),
+    )
+    total = torch.zeros(h * h, dtype=torch.float64)
+    for problem, group in ((qk_problem, qk_group(spec)), (vo_problem, vo_group(spec))):
+        total += problem.distance(solve_stage2(problem, group, options))
+    return total.reshape(h, h)
+
+
+def assign_heads(cost: torch.Tensor, queries_per_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Solve Stage 1: KV groups by a linear assignment on group costs, then query heads inside.
+
+    The cost of pairing source group ``g`` with target group ``g'`` is the optimal inner
+    assignment of their query heads, so the result minimizes the total cost over every
+    permutation that keeps query heads with their KV head.
+
+    Args:
+        cost: ``(h, h)`` cost of source query head ``i`` -> target query head ``j``.
+        queries_per_kv: Query heads per KV head (1 without GQA).
+
+    Returns:
+        ``(match, kv_match)``: target head of each source query head ``(h,)`` and target KV
+        head of each source KV head ``(h_kv,)``.
+    """
+    q = queries_per_kv
+    h_kv = cost.shape[0] // q
+    blocks = cost.double().cpu().numpy().reshape(h_kv, q, h_kv, q).transpose(0, 2, 1, 3)  # (g, g', i, j)
+    inner = {}
+    group_cost = np.zeros((h_kv, h_kv))
+    for g in range(h_kv):
+        for g2 in range(h_kv):
+            rows, cols = linear_sum_assignment(blocks[g, g2])
+            inner[g, g2] = cols
+            group_cost[g, g2] = blocks[g, g2][rows, cols].sum()
+    _, kv_match = linear_sum_assignment(group_cost)
+    match = np.concatenate([kv_match[g] * q + inner[g, kv_match[g]] for g in range(h_kv)])
+    return torch.as_tensor(match), torch.as_tensor(kv_match)
