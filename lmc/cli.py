@@ -17,11 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lmc.tasks import DataInfo
+
 TRAINING_COMMANDS = ("fit", "validate", "test", "predict")
 
 
-def _describe(data) -> dict[str, Any]:
-    return data.describe()
+def _describe(data) -> DataInfo:
+    return data.info
 
 
 def lightning_cli(args: list[str] | None = None, run: bool = True):
@@ -29,7 +31,7 @@ def lightning_cli(args: list[str] | None = None, run: bool = True):
 
     ``args`` ``None`` reads the command line.
 
-    The DataModule's ``describe()`` (task, classes, sizes) is linked into ``model.data`` so a
+    The DataModule's ``info`` (task, classes, sizes) is linked into ``model.data`` so a
     model is always sized to its data.
     """
     from lightning.pytorch.cli import LightningCLI

@@ -44,7 +44,7 @@ def _trainer(root: Path, name: str, epochs: int, callbacks: list | None = None) 
 
 def run_one(root: Path, label: str, model_config: dict[str, Any], epochs: tuple[int, int]) -> dict[str, Any]:
     """Pre-train, fine-tune two seeds, align and sweep for one positional encoding."""
-    data_info = Digits().describe()
+    data_info = Digits().info
     config = {**MODEL, **model_config}
     pretrain_epochs, finetune_epochs = epochs
     L.seed_everything(0, verbose=False)

@@ -24,6 +24,11 @@ TINY_DATA = {
     "text_classification": ["--data=lmc.data.PythonTextKinds", "--data.snippets_per_class=40", "--data.batch_size=8"],
     "causal_lm": ["--data=lmc.data.PythonDocsLM", "--data.sequence_length=32", "--data.batch_size=4"],
 }
+# Model families that refuse the base experiment's images compose with data of their task.
+DATA_OF_MODEL = {
+    "bert": TINY_DATA["text_classification"], "roformer": TINY_DATA["text_classification"],
+    "gpt2": TINY_DATA["causal_lm"], "llama": TINY_DATA["causal_lm"],
+}  # fmt: skip
 TASK_OF = {
     "Digits": "image_classification", "MNIST": "image_classification", "CIFAR10": "image_classification",
     "CIFAR100": "image_classification", "ImageNet": "image_classification",
@@ -56,6 +61,8 @@ def test_every_yaml_loads_and_composes_with_an_experiment(path, tmp_path, monkey
     assert isinstance(content, dict) and set(content) <= {"model", "data", "trainer", "seed_everything"}
     monkeypatch.chdir(tmp_path)
     extra = [f"--model.pretrained={base_checkpoint}"] if path.parent.name == "strategy" else []
+    if "data" not in content:
+        extra += DATA_OF_MODEL.get(content.get("model", {}).get("model"), [])
     cli = lightning_cli(["--config", BASE, "--config", str(path), "--config", FAST, *extra], run=False)
     assert isinstance(cli.model, LMCModule) and isinstance(cli.datamodule, LMCDataModule)
     if "data" in content and "class_path" in content["data"]:

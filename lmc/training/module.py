@@ -12,6 +12,7 @@ with any supported backbone. ``strategy`` picks the run's role:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -25,6 +26,7 @@ from lmc.adapters import adapter_for
 from lmc.checkpoints import load_weights
 from lmc.models import create_model
 from lmc.symmetry import SCOPES, scope_parameters
+from lmc.tasks import DataInfo
 
 
 class LMCModule(L.LightningModule):
@@ -36,7 +38,7 @@ class LMCModule(L.LightningModule):
     Args:
         model: A registered model name (``lmc.models.list_models()``), e.g. ``"reference-vit"``.
         model_config: Config fields overriding the family defaults (e.g. ``{"pe": "rope"}``).
-        data: The DataModule's ``describe()`` (task, classes, sizes); the CLI links it.
+        data: The DataModule's ``info`` (task, classes, sizes); the CLI links it.
         strategy: ``None`` (pre-training) or a re-initialization scope.
         reinit_seed: Seed of the re-initialized parameters (one fine-tuning run per seed).
         pretrained: Checkpoint to start from (required with a strategy).
@@ -50,7 +52,7 @@ class LMCModule(L.LightningModule):
         self,
         model: str = "reference-vit-tiny",
         model_config: dict[str, Any] | None = None,
-        data: dict[str, Any] | None = None,
+        data: DataInfo | None = None,
         strategy: str | None = None,
         reinit_seed: int = 0,
         pretrained: str | None = None,
@@ -64,6 +66,8 @@ class LMCModule(L.LightningModule):
         if strategy is not None and strategy != "full_model" and pretrained is None:
             raise ValueError(f"strategy {strategy!r} fine-tunes a pre-trained model: set pretrained to its checkpoint")
         self.save_hyperparameters()
+        if isinstance(data, DataInfo):  # checkpoints hold plain types: they must load with weights_only=True
+            self.save_hyperparameters({**self.hparams, "data": dataclasses.asdict(data)})
         self.model = self.build_model()
         if pretrained is not None:
             load_weights(self.model, pretrained)
@@ -82,7 +86,8 @@ class LMCModule(L.LightningModule):
     def build_model(self) -> nn.Module:
         """A freshly initialized backbone of this module's configuration."""
         hp = self.hparams
-        return create_model(hp.model, data=hp.data, **(hp.model_config or {})).train()
+        data = None if hp.data is None else DataInfo(**hp.data)
+        return create_model(hp.model, data=data, **(hp.model_config or {})).train()
 
     def reinitialize(self, scope: str, seed: int) -> list[str]:
         """Re-initialize the scope's parameters from a fresh seeded backbone and freeze the rest."""
