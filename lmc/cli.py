@@ -24,7 +24,7 @@ TRAINING_COMMANDS = ("fit", "validate", "test", "predict")
 
 def data_info(data) -> Any:
     """What a DataModule tells the model about itself (linked into ``model.data``)."""
-    return data.describe()
+    return data.info
 
 
 @contextmanager

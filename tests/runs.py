@@ -36,7 +36,7 @@ def finetuned(pretrained: Path, seed: int) -> LMCModule:
     return LMCModule(
         MODEL,
         CONFIG,
-        data().describe(),
+        data().info,
         reinit="first_attention",
         reinit_seed=seed,
         pretrained=str(pretrained),
@@ -47,7 +47,7 @@ def finetuned(pretrained: Path, seed: int) -> LMCModule:
 def pretrain_and_first_seed(root: Path) -> tuple[Path, Path]:
     """A pre-trained checkpoint and a seed-0 fine-tuned checkpoint under ``root``."""
     L.seed_everything(0, verbose=False)
-    module = LMCModule(MODEL, CONFIG, data().describe(), lr=3e-3)
+    module = LMCModule(MODEL, CONFIG, data().info, lr=3e-3)
     run = trainer(root / "pretrain", steps=30)
     run.fit(module, data("A"))
     pretrained = root / "pretrained.ckpt"

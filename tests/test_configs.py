@@ -79,6 +79,29 @@ def base_checkpoint(tmp_path_factory) -> str:
     return str(path)
 
 
+def _class_task(class_path: str) -> str:
+    module, name = class_path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name).task
+
+
+def _task(experiment: Path) -> str:
+    """The task the experiment's DataModule class declares."""
+    return _class_task(yaml.safe_load(_group_file(experiment, "data").read_text())["class_path"])
+
+
+def _base_for(path: Path) -> str:
+    """An experiment a file composes with: one that uses it, else one of the same task, else the digits one."""
+    group = path.parent.name
+    if group in GROUP_FILES:
+        for experiment in EXPERIMENTS:
+            if _group_file(experiment, group) == path.resolve():
+                return str(experiment)
+    if group == "data":
+        task = _class_task(yaml.safe_load(path.read_text())["class_path"])
+        return str(next(e for e in EXPERIMENTS if _task(e) == task))
+    return BASE
+
+
 @pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_yaml_loads_and_composes_with_an_experiment(path, tmp_path, monkeypatch, base_checkpoint):
     content = yaml.safe_load(path.read_text())
@@ -91,7 +114,7 @@ def test_every_yaml_loads_and_composes_with_an_experiment(path, tmp_path, monkey
         assert {key.split(".")[0] for key in content} <= {"model", "data", "trainer", "seed_everything", "protocol"}
         given = ["--config", str(path)]
     extra = [f"--model.pretrained={base_checkpoint}"] if group == "reinit" else []
-    cli = lightning_cli(["--config", BASE, *given, "--config", FAST, *extra], run=False)
+    cli = lightning_cli(["--config", _base_for(path), *given, "--config", FAST, *extra], run=False)
     assert isinstance(cli.model, LMCModule) and isinstance(cli.datamodule, LMCDataModule)
     if group == "data":
         assert type(cli.datamodule).__name__ == content["class_path"].rsplit(".", 1)[1]
@@ -99,12 +122,6 @@ def test_every_yaml_loads_and_composes_with_an_experiment(path, tmp_path, monkey
         assert cli.model.hparams.model == content["model"]
     if group == "reinit":
         assert cli.model.hparams.reinit == content["model"]["reinit"]
-
-
-def _task(experiment: Path) -> str:
-    """The task the experiment's DataModule class declares."""
-    module, name = yaml.safe_load(_group_file(experiment, "data").read_text())["class_path"].rsplit(".", 1)
-    return getattr(importlib.import_module(module), name).task
 
 
 @pytest.mark.slow

@@ -11,21 +11,34 @@ Batches are dicts, the same for every model (adapters map them to each model's a
 ``part`` selects the data a run trains on: ``"all"``, or one of two disjoint halves ``"A"``
 and ``"B"`` of the training split, so that "pre-train on A, fine-tune on B" works on any data
 set. Validation and test splits are the same for every part.
+
+A DataModule's :attr:`~LMCDataModule.info` (a :class:`~lmc.tasks.DataInfo`) tells models its
+task and sizes. Data that is not on disk raises :class:`DataUnavailableError`; a file that is
+on disk but unreadable raises its subclass :class:`CorruptDataError`, naming the file.
 """
 
 from __future__ import annotations
 
+import csv
 import os
-from collections.abc import Sequence
+import pickle
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, get_args
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-Task = Literal["image_classification", "text_classification", "causal_lm"]
+from lmc.tasks import DataInfo, Task
+
+#: The three splits of every data set.
+Split = Literal["train", "val", "test"]
+SPLITS: tuple[Split, ...] = get_args(Split)
+#: The training data a run uses: all of it, or one of two disjoint halves.
 Part = Literal["all", "A", "B"]
+PARTS: tuple[Part, ...] = get_args(Part)
 
 #: Byte-level tokens: byte ``b`` is id ``b + 1``; id 0 pads.
 BYTE_VOCAB_SIZE = 257
@@ -33,6 +46,10 @@ BYTE_VOCAB_SIZE = 257
 
 class DataUnavailableError(FileNotFoundError):
     """A data set is not on disk (and cannot be downloaded here); the message says what to fetch."""
+
+
+class CorruptDataError(DataUnavailableError):
+    """A data-set file is on disk but unreadable (truncated, garbage); the message names it and its source."""
 
 
 def data_root(name: str, root: str | os.PathLike | None = None) -> Path:
@@ -73,6 +90,30 @@ def data_unavailable(
         f"~/.cache/lmc/{name}; pass root=... to read another directory). Nothing is downloaded automatically."
     )
     return DataUnavailableError(f"{title} was not found: expected {looked_for}. {how}")
+
+
+#: What parsing a damaged file raises (``PermissionError``, an ``OSError`` too, is not damage).
+_PARSE_ERRORS = (ValueError, EOFError, pickle.UnpicklingError, KeyError, IndexError, TypeError, csv.Error, OSError)
+
+
+@contextmanager
+def reading(title: str, path: str | os.PathLike, source: str) -> Iterator[None]:
+    """Report any error of parsing ``path`` inside the block as a :class:`CorruptDataError` naming the file.
+
+    Args:
+        title: The data set's name as people write it (``"CIFAR-10"``).
+        path: The file being read.
+        source: Where a fresh copy comes from (as for :func:`data_unavailable`).
+    """
+    try:
+        yield
+    except PermissionError:
+        raise
+    except _PARSE_ERRORS as error:
+        raise CorruptDataError(
+            f"{title}: cannot read {path} ({type(error).__name__}: {error}); the file is corrupt or truncated. "
+            f"Delete it and download it again: {source}"
+        ) from error
 
 
 def split_off_validation(count: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -157,8 +198,9 @@ def pad_texts(texts: Sequence[torch.Tensor], length: int) -> tuple[torch.Tensor,
 class LMCDataModule(L.LightningDataModule):
     """Base of every lmc DataModule.
 
-    Subclasses set :attr:`task` and build ``self.train_set``, ``self.val_set`` and
-    ``self.test_set`` in :meth:`build`; this class handles parts, loaders and metadata.
+    Subclasses set :attr:`task`, report their sizes in :attr:`info` and build
+    ``self.train_set``, ``self.val_set`` and ``self.test_set`` in :meth:`build`; this class
+    handles parts and loaders.
 
     Args:
         batch_size: Samples per batch.
@@ -167,14 +209,13 @@ class LMCDataModule(L.LightningDataModule):
         seed: Seed of the splits (and of the A/B halving).
     """
 
+    #: What a model does with the batches (see :mod:`lmc.tasks`).
     task: Task
-    #: Classes (classification) or vocabulary size (language modelling).
-    num_classes: int
 
     def __init__(self, batch_size: int = 64, num_workers: int = 0, part: Part = "all", seed: int = 0):
         super().__init__()
-        if part not in ("all", "A", "B"):
-            raise ValueError(f"part={part!r}; choose 'all', 'A' or 'B'")
+        if part not in PARTS:
+            raise ValueError(f"part={part!r}; choose one of {', '.join(PARTS)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.batch_size, self.num_workers, self.part, self.seed = batch_size, num_workers, part, seed
@@ -214,14 +255,14 @@ class LMCDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, shuffle=False)
 
-    def split(self, name: str) -> Dataset:
+    def split(self, name: Split) -> Dataset:
         """The ``"train"``, ``"val"`` or ``"test"`` dataset (after :meth:`setup`)."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; choose one of {', '.join(SPLITS)}")
         self.setup()
-        datasets = {"train": self.train_set, "val": self.val_set, "test": self.test_set}
-        if name not in datasets:
-            raise ValueError(f"unknown split {name!r}; choose train, val or test")
-        return datasets[name]
+        return {"train": self.train_set, "val": self.val_set, "test": self.test_set}[name]
 
-    def describe(self) -> dict[str, Any]:
-        """Metadata models are built from (linked into the model config by the CLI)."""
-        return {"task": self.task, "num_classes": self.num_classes}
+    @property
+    def info(self) -> DataInfo:
+        """The task and sizes models are built to fit (the CLI links it into ``model.data``)."""
+        raise NotImplementedError(f"{type(self).__name__} must define the property info")

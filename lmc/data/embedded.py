@@ -17,6 +17,7 @@ import unicodedata
 import torch
 
 from lmc.data.base import BYTE_VOCAB_SIZE, LMCDataModule, Part, TensorDictDataset, TokenWindows, encode_bytes, pad_texts
+from lmc.tasks import DataInfo
 
 
 def _split_indices(count: int, seed: int, val_fraction: float, test_fraction: float) -> tuple[torch.Tensor, ...]:
@@ -64,8 +65,11 @@ class Digits(LMCDataModule):
         self.val_set = TensorDictDataset(inputs=images[val], labels=labels[val])
         self.test_set = TensorDictDataset(inputs=images[test], labels=labels[test])
 
-    def describe(self) -> dict:
-        return {**super().describe(), "image_size": self.image_size, "in_channels": self.in_channels}
+    @property
+    def info(self) -> DataInfo:
+        return DataInfo(
+            self.task, num_classes=self.num_classes, image_size=self.image_size, in_channels=self.in_channels
+        )
 
 
 def _python_help_text() -> str:
@@ -85,7 +89,6 @@ class PythonDocsLM(LMCDataModule):
     """
 
     task = "causal_lm"
-    num_classes = BYTE_VOCAB_SIZE
 
     def __init__(
         self, batch_size: int = 32, num_workers: int = 0, part: Part = "all", seed: int = 0, sequence_length: int = 64
@@ -101,8 +104,9 @@ class PythonDocsLM(LMCDataModule):
         self.val_set = TokenWindows(tokens[train_end:val_end], self.sequence_length)
         self.test_set = TokenWindows(tokens[val_end:], self.sequence_length)
 
-    def describe(self) -> dict:
-        return {**super().describe(), "sequence_length": self.sequence_length}
+    @property
+    def info(self) -> DataInfo:
+        return DataInfo(self.task, vocab_size=BYTE_VOCAB_SIZE, sequence_length=self.sequence_length)
 
 
 _STDLIB_MODULES = ("argparse", "json", "textwrap", "collections", "dataclasses", "pathlib", "functools", "string")
@@ -132,7 +136,6 @@ class PythonTextKinds(LMCDataModule):
 
     task = "text_classification"
     num_classes = 4
-    vocab_size = BYTE_VOCAB_SIZE
 
     def __init__(
         self,
@@ -167,5 +170,8 @@ class PythonTextKinds(LMCDataModule):
         self.val_set = TensorDictDataset(inputs=ids[val], attention_mask=mask[val], labels=labels[val])
         self.test_set = TensorDictDataset(inputs=ids[test], attention_mask=mask[test], labels=labels[test])
 
-    def describe(self) -> dict:
-        return {**super().describe(), "vocab_size": self.vocab_size, "sequence_length": self.snippet_length}
+    @property
+    def info(self) -> DataInfo:
+        return DataInfo(
+            self.task, num_classes=self.num_classes, vocab_size=BYTE_VOCAB_SIZE, sequence_length=self.snippet_length
+        )

@@ -6,21 +6,38 @@ Images come out as float ``(C, H, W)`` tensors normalised with the data set's cu
 per-channel mean and standard deviation. MNIST and CIFAR have no official validation split:
 one is carved from the training split with ``seed``; the official test split stays the test set.
 ImageNet's official validation images (``val/``) serve as the test set, as in the literature.
+
+MNIST's idx files and CIFAR's pickles are parsed by the small readers below, each documenting
+its format; a file that does not follow it raises :class:`~lmc.data.base.CorruptDataError`
+naming the file, as does an unreadable ImageNet image.
 """
 
 from __future__ import annotations
 
-import functools
-import os
+import math
 import pickle
+import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
-from lmc.data.base import LMCDataModule, Part, data_root, data_unavailable, split_off_validation
+from lmc.data.base import (
+    CorruptDataError,
+    LMCDataModule,
+    Part,
+    data_root,
+    data_unavailable,
+    reading,
+    split_off_validation,
+)
+from lmc.tasks import DataInfo
+
+if TYPE_CHECKING:
+    from torchvision.datasets import ImageFolder
 
 
 class NormalizedImages(Dataset):
@@ -48,68 +65,97 @@ class NormalizedImages(Dataset):
         return {"inputs": (pixels - self.mean) / self.std, "labels": self.labels[index]}
 
 
-class ImageLabelDicts(Dataset):
-    """Turns a torchvision-style ``(image, label)`` dataset into lmc dict samples."""
+class ImageFiles(Dataset):
+    """Images of a torchvision ``ImageFolder`` as lmc dict samples; an unreadable image file is named.
 
-    def __init__(self, dataset: Dataset):
-        self.dataset = dataset
+    Args:
+        folder: The image folder (with its transform).
+        indices: The samples used, in order (``None``: all).
+        title: The data set's name, for the error on an unreadable file.
+        source: Where a fresh copy comes from, for that error.
+    """
+
+    def __init__(self, folder: ImageFolder, indices: Sequence[int] | None, title: str, source: str):
+        self.folder, self.title, self.source = folder, title, source
+        self.indices = list(range(len(folder))) if indices is None else list(indices)
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.indices)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        image, label = self.dataset[index]
+        sample = self.indices[index]
+        with reading(self.title, self.folder.samples[sample][0], self.source):
+            image, label = self.folder[sample]
         return {"inputs": image, "labels": torch.tensor(label, dtype=torch.long)}
 
 
-@functools.cache
-def _torchvision_readers() -> dict[str, type]:
-    """torchvision's MNIST / CIFAR classes, adjusted to read local files without a download step.
+# ---------------------------------------------------------------------------------------------
+# Readers of the official file formats.
+# ---------------------------------------------------------------------------------------------
 
-    torchvision's CIFAR classes verify md5 sums, which only the official files pass; these
-    subclasses only require the files to be present, so the real pickle format is still what
-    is parsed. The MNIST subclass reads the idx-ubyte files from ``root`` itself instead of
-    ``root/MNIST/raw``.
+
+def read_idx(path: Path, sample_shape: tuple[int, ...]) -> torch.Tensor:
+    """An idx file of unsigned bytes, the format of LeCun's MNIST files: ``uint8 (N, *sample_shape)``.
+
+    The format: the magic bytes ``00 00 08 ndim`` (``08`` = unsigned byte), then ``ndim`` sizes
+    as big-endian int32, then the values in C order. Raises ``ValueError`` saying what is wrong
+    with a file that does not follow it (wrap the call in :func:`~lmc.data.base.reading`).
     """
-    from torchvision import datasets
-
-    class LocalMNIST(datasets.MNIST):
-        @property
-        def raw_folder(self) -> str:
-            return str(self.root)
-
-        def _check_legacy_exist(self) -> bool:
-            return False
-
-    class PresentFilesMixin:
-        base_folder: str
-        meta: dict
-        root: str
-
-        def _check_integrity(self) -> bool:
-            return _cifar_files_present(type(self), Path(self.root))
-
-        def _load_meta(self) -> None:
-            with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as file:
-                self.classes = pickle.load(file, encoding="latin1")[self.meta["key"]]
-            self.class_to_idx = {name: index for index, name in enumerate(self.classes)}
-
-    class LocalCIFAR10(PresentFilesMixin, datasets.CIFAR10):
-        pass
-
-    class LocalCIFAR100(PresentFilesMixin, datasets.CIFAR100):
-        pass
-
-    return {"MNIST": LocalMNIST, "CIFAR10": LocalCIFAR10, "CIFAR100": LocalCIFAR100}
+    data = path.read_bytes()
+    if len(data) < 4 or data[:3] != b"\x00\x00\x08":
+        raise ValueError("not an idx file of unsigned bytes (its first bytes are not 00 00 08)")
+    header = 4 + 4 * data[3]
+    if len(data) < header:
+        raise ValueError(f"the header of {data[3]} sizes is cut off")
+    shape = struct.unpack(f">{data[3]}i", data[4:header])
+    if tuple(shape[1:]) != sample_shape:
+        raise ValueError(f"it holds an array of shape {shape}, not (N, {', '.join(map(str, sample_shape))})")
+    if len(data) - header != math.prod(shape):
+        raise ValueError(f"{len(data) - header} bytes of values follow the header, which announces {math.prod(shape)}")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)[header:].view(shape)
 
 
-def _cifar_file_names(reader: type) -> list[str]:
-    """The pickles a torchvision CIFAR class reads: training batches, test batch, metadata."""
-    return [name for name, _ in reader.train_list + reader.test_list] + [reader.meta["filename"]]
+class _CIFARUnpickler(pickle.Unpickler):
+    """Unpickles what a CIFAR batch holds (a dict of lists, strings and numpy arrays) and refuses any other object.
+
+    ``pickle.load`` would call whatever a tampered file names; a CIFAR batch names only numpy's
+    array reconstruction (under numpy 1 or numpy 2 module names) and, re-pickled by Python 3 with
+    protocol 2, ``_codecs.encode``.
+    """
+
+    allowed = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.allowed:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which no CIFAR batch holds")
+        return super().find_class(module, name)
 
 
-def _cifar_files_present(reader: type, parent: Path) -> bool:
-    return all((parent / reader.base_folder / name).is_file() for name in _cifar_file_names(reader))
+def read_cifar_batch(path: Path, label_key: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pickle of the CIFAR python version: ``(images (N, 3, 32, 32) uint8, labels (N,) long)``.
+
+    The format (https://www.cs.toronto.edu/~kriz/cifar.html): a pickled dict (written by
+    Python 2, hence ``latin1``) whose ``data`` is a ``uint8`` array of shape ``(N, 3072)``, each
+    row the 1,024 red, then green, then blue values of a 32x32 image in row-major order, and
+    whose ``label_key`` (``labels``; ``fine_labels`` or ``coarse_labels`` for CIFAR-100) lists
+    ``N`` class indices. Raises ``ValueError`` or an unpickling error on a file that is not one.
+    """
+    with open(path, "rb") as file:
+        batch = _CIFARUnpickler(file, encoding="latin1").load()
+    if not isinstance(batch, dict) or "data" not in batch or label_key not in batch:
+        raise ValueError(f"it is not a CIFAR batch: a dict with 'data' and {label_key!r} was expected")
+    data, labels = batch["data"], batch[label_key]
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == 3072):
+        raise ValueError("its 'data' is not a uint8 array of rows of 3,072 values")
+    if len(labels) != len(data):
+        raise ValueError(f"it holds {len(data)} images but {len(labels)} labels")
+    return torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()), torch.tensor(labels, dtype=torch.long)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,16 +163,32 @@ def _cifar_files_present(reader: type, parent: Path) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-class _SmallImageSet(LMCDataModule):
-    """Shared parts of the in-memory image sets (MNIST, CIFAR): root, validation carving, metadata."""
+class _ImageSet(LMCDataModule):
+    """What every image-classification set declares: names, source, classes and image sizes."""
 
     task = "image_classification"
     #: Directory name under ``$LMC_DATA`` / ``~/.cache/lmc``.
     name: str
+    #: Name in messages.
+    title: str
+    #: What to download from where (for the messages on missing or corrupt files).
+    source: str
+    num_classes: int
     image_size: int
     in_channels: int
+    #: Per-channel mean and standard deviation of pixels scaled to ``[0, 1]``.
     mean: tuple[float, ...]
     std: tuple[float, ...]
+
+    @property
+    def info(self) -> DataInfo:
+        return DataInfo(
+            self.task, num_classes=self.num_classes, image_size=self.image_size, in_channels=self.in_channels
+        )
+
+
+class _SmallImageSet(_ImageSet):
+    """Shared parts of the in-memory image sets (MNIST, CIFAR): root and validation carving."""
 
     def __init__(
         self,
@@ -152,9 +214,6 @@ class _SmallImageSet(LMCDataModule):
         self.val_set = NormalizedImages(images[val], labels[val], self.mean, self.std)
         self.test_set = NormalizedImages(*self.read_split(root, train=False), self.mean, self.std)
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "image_size": self.image_size, "in_channels": self.in_channels}
-
 
 class MNIST(_SmallImageSet):
     """MNIST handwritten digits: 60,000 training and 10,000 test images, ``(B, 1, 28, 28)``, 10 classes.
@@ -169,7 +228,11 @@ class MNIST(_SmallImageSet):
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
-    name = "mnist"
+    name, title = "mnist", "MNIST"
+    source = (
+        "the four files from https://ossci-datasets.s3.amazonaws.com/mnist/ (or http://yann.lecun.com/exdb/mnist/), "
+        "gunzip them (the .gz archives are not read)"
+    )
     num_classes = 10
     image_size = 28
     in_channels = 1
@@ -181,81 +244,98 @@ class MNIST(_SmallImageSet):
         for directory in candidates:
             if all((directory / name).is_file() for name in self.files):
                 return directory
-        raise data_unavailable(
-            "MNIST",
-            self.name,
-            root,
-            [f"{directory}/{{{','.join(self.files)}}}" for directory in candidates],
-            "the four files from https://ossci-datasets.s3.amazonaws.com/mnist/ (or http://yann.lecun.com/exdb/mnist/)"
-            ", gunzip them (the .gz archives are not read)",
-        )
+        expected = [f"{directory}/{{{','.join(self.files)}}}" for directory in candidates]
+        raise data_unavailable(self.title, self.name, root, expected, self.source)
 
     def read_split(self, root: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        dataset = _torchvision_readers()["MNIST"](str(self._directory(root)), train=train, download=False)
-        return dataset.data.unsqueeze(1), dataset.targets.long()  # (N, 1, 28, 28) uint8, (N,)
+        directory = self._directory(root)
+        prefix = "train" if train else "t10k"
+        images_path, labels_path = directory / f"{prefix}-images-idx3-ubyte", directory / f"{prefix}-labels-idx1-ubyte"
+        with reading(self.title, images_path, self.source):
+            images = read_idx(images_path, (self.image_size, self.image_size))
+        with reading(self.title, labels_path, self.source):
+            labels = read_idx(labels_path, ())
+        if len(images) != len(labels):
+            raise CorruptDataError(
+                f"{self.title}: {images_path} holds {len(images)} images but {labels_path} {len(labels)} labels; "
+                f"one of them is corrupt or truncated. Delete both and download them again: {self.source}"
+            )
+        return images.unsqueeze(1), labels.long()  # (N, 1, 28, 28) uint8, (N,)
 
 
 class CIFAR10(_SmallImageSet):
     """CIFAR-10: 50,000 training and 10,000 test colour images, ``(B, 3, 32, 32)``, 10 classes.
 
     Reads the python pickles of ``cifar-10-python.tar.gz`` (``root/cifar-10-batches-py/``:
-    ``data_batch_1`` ... ``data_batch_5``, ``test_batch``, ``batches.meta``).
+    ``data_batch_1`` ... ``data_batch_5``, ``test_batch``) with :func:`read_cifar_batch`.
 
     Args:
-        root: Data directory (holding ``cifar-10-batches-py``); default ``$LMC_DATA/cifar10``
-            or ``~/.cache/lmc/cifar10``.
+        root: Data directory (holding ``cifar-10-batches-py``, or that folder itself); default
+            ``$LMC_DATA/cifar10`` or ``~/.cache/lmc/cifar10``.
         val_fraction: Share of the training images held out for validation.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
-    name = "cifar10"
+    name, title = "cifar10", "CIFAR-10"
+    source = (
+        "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz and extract it (tar xzf) so that the folder "
+        "cifar-10-batches-py lies in the root"
+    )
     num_classes = 10
     image_size = 32
     in_channels = 3
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-    title = "CIFAR-10"
-    reader = "CIFAR10"
-    archive = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+    #: The extracted folder and its training and test pickles.
+    folder = "cifar-10-batches-py"
+    train_files = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5")
+    test_files = ("test_batch",)
+    #: The labels read from each pickle.
+    label_key = "labels"
 
     def read_split(self, root: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        reader = _torchvision_readers()[self.reader]
+        files = self.train_files + self.test_files
         # Accept root pointing at the extracted folder itself as well as at its parent.
-        for parent in (root, root.parent):
-            if _cifar_files_present(reader, parent):
-                dataset = reader(str(parent), train=train, download=False)
-                images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()  # HWC -> (N, C, H, W)
-                return images, torch.tensor(dataset.targets, dtype=torch.long)
-        raise data_unavailable(
-            self.title,
-            self.name,
-            root,
-            [f"{root / reader.base_folder}/{{{','.join(_cifar_file_names(reader))}}}"],
-            f"{self.archive} and extract it (tar xzf) so that the folder {reader.base_folder} lies in the root",
-        )
+        directory = next((parent / self.folder for parent in (root, root.parent) if self._holds_all(parent)), None)
+        if directory is None:
+            expected = [f"{root / self.folder}/{{{','.join(files)}}}"]
+            raise data_unavailable(self.title, self.name, root, expected, self.source)
+        batches = []
+        for name in self.train_files if train else self.test_files:
+            with reading(self.title, directory / name, self.source):
+                batches.append(read_cifar_batch(directory / name, self.label_key))
+        images, labels = zip(*batches)
+        return torch.cat(images), torch.cat(labels)
+
+    def _holds_all(self, parent: Path) -> bool:
+        return all((parent / self.folder / name).is_file() for name in self.train_files + self.test_files)
 
 
 class CIFAR100(CIFAR10):
     """CIFAR-100: 50,000 training and 10,000 test colour images, ``(B, 3, 32, 32)``, 100 fine classes.
 
     Reads the python pickles of ``cifar-100-python.tar.gz`` (``root/cifar-100-python/``:
-    ``train``, ``test``, ``meta``); labels are the fine labels.
+    ``train``, ``test``); labels are the fine labels.
 
     Args:
-        root: Data directory (holding ``cifar-100-python``); default ``$LMC_DATA/cifar100`` or
-            ``~/.cache/lmc/cifar100``.
+        root: Data directory (holding ``cifar-100-python``, or that folder itself); default
+            ``$LMC_DATA/cifar100`` or ``~/.cache/lmc/cifar100``.
         val_fraction: Share of the training images held out for validation.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
-    name = "cifar100"
+    name, title = "cifar100", "CIFAR-100"
+    source = (
+        "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz and extract it (tar xzf) so that the folder "
+        "cifar-100-python lies in the root"
+    )
     num_classes = 100
     mean, std = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
-    title = "CIFAR-100"
-    reader = "CIFAR100"
-    archive = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+    folder = "cifar-100-python"
+    train_files, test_files = ("train",), ("test",)
+    label_key = "fine_labels"
 
 
-class ImageNet(LMCDataModule):
+class ImageNet(_ImageSet):
     """ImageNet-1k (ILSVRC-2012) from an image folder, ``(B, 3, image_size, image_size)``, 1,000 classes.
 
     Expects ``root/train/<wnid>/*.JPEG`` and ``root/val/<wnid>/*.JPEG`` (the validation images
@@ -271,8 +351,13 @@ class ImageNet(LMCDataModule):
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
-    task = "image_classification"
-    name = "imagenet"
+    name, title = "imagenet", "ImageNet"
+    source = (
+        "ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from https://image-net.org/download.php "
+        "(account needed; or the Kaggle 'imagenet-object-localization-challenge' copy), extract the "
+        "per-class train tars into train/<wnid>/ and sort the validation images into val/<wnid>/ "
+        "(e.g. with the widely used valprep.sh)"
+    )
     num_classes = 1000
     in_channels = 3
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -297,16 +382,8 @@ class ImageNet(LMCDataModule):
         root = data_root(self.name, self.root)
         folders = {split: root / split for split in ("train", "val")}
         if not all(folder.is_dir() and any(p.is_dir() for p in folder.iterdir()) for folder in folders.values()):
-            raise data_unavailable(
-                "ImageNet",
-                self.name,
-                root,
-                [f"{folders['train']}/<wnid>/*.JPEG and {folders['val']}/<wnid>/*.JPEG"],
-                "ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from https://image-net.org/download.php "
-                "(account needed; or the Kaggle 'imagenet-object-localization-challenge' copy), extract the "
-                "per-class train tars into train/<wnid>/ and sort the validation images into val/<wnid>/ "
-                "(e.g. with the widely used valprep.sh)",
-            )
+            expected = [f"{folders['train']}/<wnid>/*.JPEG and {folders['val']}/<wnid>/*.JPEG"]
+            raise data_unavailable(self.title, self.name, root, expected, self.source)
         transform = transforms.Compose(
             [
                 transforms.Resize(round(self.image_size * 256 / 224)),
@@ -323,9 +400,6 @@ class ImageNet(LMCDataModule):
                 f"{len(test_images.classes)}); labels would not match"
             )
         train, val = split_off_validation(len(train_images), self.val_fraction, self.seed)
-        self.train_set = ImageLabelDicts(Subset(train_images, train))
-        self.val_set = ImageLabelDicts(Subset(train_images, val))
-        self.test_set = ImageLabelDicts(test_images)
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "image_size": self.image_size, "in_channels": self.in_channels}
+        self.train_set = ImageFiles(train_images, train, self.title, self.source)
+        self.val_set = ImageFiles(train_images, val, self.title, self.source)
+        self.test_set = ImageFiles(test_images, None, self.title, self.source)

@@ -1,7 +1,12 @@
 """Named model variants: tiny ones for tests, demos and ``configs/debug`` (like timm's ``test_vit``).
 
-``create_model(name, **overrides)`` builds a variant with random weights; overrides replace
-config fields. No weights are downloaded: HF and timm models are built from configs.
+``create_model(name, data=info, **overrides)`` builds a variant with random weights, sized to a
+data set's :class:`~lmc.tasks.DataInfo`; overrides replace config fields. No weights are
+downloaded: HF and timm models are built from configs.
+
+Each family reads a :class:`~lmc.tasks.DataInfo` in one place: a small function mapping it to
+that family's config fields (``_reference_fields``, ``_gpt_fields``, ``_encoder_fields``,
+``_timm_fields``), which also refuses data of a task the family cannot do.
 """
 
 from __future__ import annotations
@@ -13,18 +18,23 @@ import torch
 from torch import nn
 
 from lmc.models.reference import ReferenceConfig, ReferenceTransformer
+from lmc.tasks import DataInfo, Task
 
-_MODELS: dict[str, Callable[..., nn.Module]] = {}
+#: A model factory: ``(data, overrides) -> model`` with freshly initialized weights.
+ModelFactory = Callable[[DataInfo | None, dict[str, Any]], nn.Module]
+
+_MODELS: dict[str, ModelFactory] = {}
 
 
-def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+def register_model(name: str) -> Callable[[ModelFactory], ModelFactory]:
     """Function decorator: register a model factory under ``name``.
 
-    A factory takes ``(data, overrides)``: a DataModule's ``describe()`` dict (possibly empty)
-    and config fields to override, and returns the model with freshly initialized weights.
+    A factory takes ``(data, overrides)``: the :class:`~lmc.tasks.DataInfo` of the data set to
+    fit (``None``: the family's defaults) and a dict of config fields to override, and returns
+    the model with freshly initialized weights.
     """
 
-    def decorate(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    def decorate(factory: ModelFactory) -> ModelFactory:
         if name in _MODELS:
             raise ValueError(f"a model named {name!r} is already registered")
         _MODELS[name] = factory
@@ -39,20 +49,23 @@ def list_models() -> list[str]:
 
 
 def create_model(
-    name: str, dtype: torch.dtype = torch.float32, data: dict[str, Any] | None = None, **overrides: Any
+    name: str, dtype: torch.dtype = torch.float32, data: DataInfo | None = None, **overrides: Any
 ) -> nn.Module:
     """Build a named variant in evaluation mode.
 
     Args:
         name: A name from :func:`list_models`.
         dtype: Parameter dtype (tests use ``torch.float64``).
-        data: A DataModule's ``describe()`` (task, classes or vocabulary, image size, sequence
-            length): the model is sized to fit it. Explicit ``overrides`` win.
+        data: The data set's :class:`~lmc.tasks.DataInfo` (a DataModule's ``info``): the model
+            is sized to fit it (classes or vocabulary, image size, sequence length). Explicit
+            ``overrides`` win.
         **overrides: Config fields to change, e.g. ``pe="rope"`` or ``num_kv_heads=2``.
     """
     if name not in _MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(list_models())}")
-    return _MODELS[name](data or {}, overrides).to(dtype).eval()
+    if data is not None and not isinstance(data, DataInfo):
+        raise TypeError(f"data must be a DataInfo (a DataModule's .info), got {type(data).__name__}")
+    return _MODELS[name](data, overrides).to(dtype).eval()
 
 
 @torch.no_grad()
@@ -80,27 +93,61 @@ def randomize_parameters_(model: nn.Module, seed: int = 0, scale: float = 1.0) -
     return model
 
 
-def _fit(data: dict[str, Any], overrides: dict[str, Any], defaults: dict[str, Any], fields: dict[str, Any]) -> dict:
-    """Config = family defaults, then what the data set dictates (``fields``), then user overrides."""
-    return {**defaults, **{k: v for k, v in fields.items() if v is not None}, **overrides}
+def _check_task(family: str, data: DataInfo, tasks: tuple[Task, ...]) -> None:
+    if data.task not in tasks:
+        raise ValueError(f"{family} models take {' or '.join(tasks)} data, not {data.task} data")
 
 
-def _reference_fields(data: dict[str, Any]) -> dict[str, Any]:
-    task = {"text_classification": "sequence_classification"}.get(data.get("task"), data.get("task"))
-    fields = {"task": task, "num_classes": data.get("num_classes")}
-    if task == "image_classification":
-        image_size = data.get("image_size")
-        fields.update(image_size=image_size, in_channels=data.get("in_channels"))
-    elif task in ("sequence_classification", "causal_lm"):
-        fields.update(
-            vocab_size=data.get("vocab_size", data.get("num_classes")), max_positions=data.get("sequence_length")
-        )
+def _reference_fields(data: DataInfo) -> dict[str, Any]:
+    """The reference Transformer does every task (text classification as ``sequence_classification``)."""
+    if data.task == "image_classification":
+        fields = {"image_size": data.image_size, "in_channels": data.in_channels}
+        return {"task": "image_classification", "num_classes": data.num_classes, **fields}
+    task = "sequence_classification" if data.task == "text_classification" else "causal_lm"
+    fields = {"num_classes": data.num_classes, "vocab_size": data.vocab_size, "max_positions": data.sequence_length}
+    return {"task": task, **fields}
+
+
+def _gpt_fields(positions: str) -> Callable[[DataInfo], dict[str, Any]]:
+    """Decoder language models (GPT-2, Llama); ``positions`` names their context-length field."""
+
+    def fields(data: DataInfo) -> dict[str, Any]:
+        _check_task("decoder language", data, ("causal_lm",))
+        return {"vocab_size": data.vocab_size, positions: data.sequence_length}
+
     return fields
 
 
-def _reference(defaults: dict[str, Any]):
-    def factory(data: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
-        config = _fit(data, overrides, defaults, _reference_fields(data) if data else {})
+def _encoder_fields(data: DataInfo) -> dict[str, Any]:
+    """Encoder classifiers (BERT, RoFormer)."""
+    _check_task("encoder", data, ("text_classification",))
+    return {
+        "vocab_size": data.vocab_size,
+        "num_labels": data.num_classes,
+        "max_position_embeddings": data.sequence_length,
+    }
+
+
+def _timm_fields(data: DataInfo) -> dict[str, Any]:
+    """timm vision Transformers."""
+    _check_task("timm vision", data, ("image_classification",))
+    return {"img_size": data.image_size, "in_chans": data.in_channels, "num_classes": data.num_classes}
+
+
+def _config(
+    data: DataInfo | None,
+    overrides: dict[str, Any],
+    defaults: dict[str, Any],
+    fields: Callable[[DataInfo], dict[str, Any]],
+) -> dict[str, Any]:
+    """Config = family defaults, then what the data set dictates (its set fields), then user overrides."""
+    dictated = {} if data is None else {k: v for k, v in fields(data).items() if v is not None}
+    return {**defaults, **dictated, **overrides}
+
+
+def _reference(defaults: dict[str, Any]) -> ModelFactory:
+    def factory(data: DataInfo | None, overrides: dict[str, Any]) -> nn.Module:
+        config = _config(data, overrides, defaults, _reference_fields)
         if config.get("task") == "image_classification":
             patches = (config.get("image_size", 8) // config.get("patch_size", 2)) ** 2
             config.setdefault("max_positions", patches + 1)
@@ -109,40 +156,25 @@ def _reference(defaults: dict[str, Any]):
     return factory
 
 
-def _hf(config_class: str, model_class: str, defaults: dict[str, Any], fields) -> Callable[..., nn.Module]:
-    def factory(data: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
+def _hf(
+    config_class: str, model_class: str, defaults: dict[str, Any], fields: Callable[[DataInfo], dict[str, Any]]
+) -> ModelFactory:
+    def factory(data: DataInfo | None, overrides: dict[str, Any]) -> nn.Module:
         import transformers
 
-        config = getattr(transformers, config_class)(**_fit(data, overrides, defaults, fields(data) if data else {}))
+        config = getattr(transformers, config_class)(**_config(data, overrides, defaults, fields))
         return getattr(transformers, model_class)(config)
 
     return factory
 
 
-def _timm(architecture: str, defaults: dict[str, Any]) -> Callable[..., nn.Module]:
-    def factory(data: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
+def _timm(architecture: str, defaults: dict[str, Any]) -> ModelFactory:
+    def factory(data: DataInfo | None, overrides: dict[str, Any]) -> nn.Module:
         import timm
 
-        fields = {
-            "img_size": data.get("image_size"),
-            "in_chans": data.get("in_channels"),
-            "num_classes": data.get("num_classes"),
-        }
-        return timm.create_model(architecture, pretrained=False, **_fit(data, overrides, defaults, fields))
+        return timm.create_model(architecture, pretrained=False, **_config(data, overrides, defaults, _timm_fields))
 
     return factory
-
-
-def _lm_fields(positions: str):
-    return lambda data: {"vocab_size": data.get("num_classes"), positions: data.get("sequence_length")}
-
-
-def _encoder_fields(data: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "vocab_size": data.get("vocab_size"),
-        "num_labels": data.get("num_classes"),
-        "max_position_embeddings": data.get("sequence_length"),
-    }
 
 
 _TINY = dict(width=32, depth=2, num_heads=4)
@@ -151,7 +183,7 @@ _NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 _GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
 _VIT = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10)
 
-_FAMILIES: dict[str, Callable[..., nn.Module]] = {
+_FAMILIES: dict[str, ModelFactory] = {
     # Tiny variants: tests, demos and configs/debug.
     "reference-tiny": _reference(dict(task="causal_lm", vocab_size=64, max_positions=32, **_TINY)),
     "reference-vit-tiny": _reference(dict(task="image_classification", image_size=8, patch_size=2, **_TINY)),
@@ -162,7 +194,7 @@ _FAMILIES: dict[str, Callable[..., nn.Module]] = {
         "GPT2Config",
         "GPT2LMHeadModel",
         dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=32, **_GPT2),
-        _lm_fields("n_positions"),
+        _gpt_fields("n_positions"),
     ),
     "bert-tiny": _hf(
         "BertConfig",
@@ -209,7 +241,7 @@ _FAMILIES: dict[str, Callable[..., nn.Module]] = {
             bos_token_id=0,
             eos_token_id=0,
         ),
-        _lm_fields("max_position_embeddings"),
+        _gpt_fields("max_position_embeddings"),
     ),
     "vit-tiny": _timm("vit_tiny_patch16_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
     "rope-vit-tiny": _timm("vit_base_patch16_rope_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
@@ -224,7 +256,7 @@ _FAMILIES: dict[str, Callable[..., nn.Module]] = {
         "GPT2Config",
         "GPT2LMHeadModel",
         dict(n_embd=256, n_layer=6, n_head=4, n_positions=256, **_GPT2),
-        _lm_fields("n_positions"),
+        _gpt_fields("n_positions"),
     ),
     "llama": _hf(
         "LlamaConfig",
@@ -239,7 +271,7 @@ _FAMILIES: dict[str, Callable[..., nn.Module]] = {
             bos_token_id=0,
             eos_token_id=0,
         ),
-        _lm_fields("max_position_embeddings"),
+        _gpt_fields("max_position_embeddings"),
     ),
     "bert": _hf(
         "BertConfig",

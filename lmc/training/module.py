@@ -13,6 +13,7 @@ not to clash with Lightning's ``trainer.strategy``) picks the run's role:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from torchmetrics import MeanMetric
 from lmc.adapters import adapter_for
 from lmc.checkpoints import CheckpointError, atomic_write, load_weights, read_checkpoint
 from lmc.models import create_model
-from lmc.symmetry import SCOPES, Scope, scope_parameters
+from lmc.adapters import scope_parameters
+from lmc.symmetry import SCOPES, Scope
+from lmc.tasks import DataInfo
 
 
 class LMCModule(L.LightningModule):
@@ -38,7 +41,7 @@ class LMCModule(L.LightningModule):
     Args:
         model: A registered model name (``lmc.models.list_models()``), e.g. ``"reference-vit"``.
         model_config: Config fields overriding the family defaults (e.g. ``{"pe": "rope"}``).
-        data: The DataModule's ``describe()`` (task, classes, sizes); the CLI links it.
+        data: The DataModule's ``info`` (task, classes, sizes); the CLI links it.
         reinit: ``None`` (pre-training) or the scope to re-initialize and fine-tune.
         reinit_seed: Seed of the re-initialized parameters (one fine-tuning run per seed).
         pretrained: Checkpoint to start from (required with a strategy).
@@ -52,7 +55,7 @@ class LMCModule(L.LightningModule):
         self,
         model: str = "reference-vit-tiny",
         model_config: dict[str, Any] | None = None,
-        data: dict[str, Any] | None = None,
+        data: DataInfo | None = None,
         reinit: Scope | None = None,
         reinit_seed: int = 0,
         pretrained: str | None = None,
@@ -66,6 +69,8 @@ class LMCModule(L.LightningModule):
         if reinit is not None and reinit != "full_model" and pretrained is None:
             raise ValueError(f"reinit={reinit!r} fine-tunes a pre-trained model: set pretrained to its checkpoint")
         self.save_hyperparameters()
+        if isinstance(data, DataInfo):  # checkpoints hold plain types: they must load with weights_only=True
+            self.save_hyperparameters({**self.hparams, "data": dataclasses.asdict(data)})
         self.model = self.build_model()
         if pretrained is not None:
             load_weights(self.model, pretrained)
@@ -83,16 +88,17 @@ class LMCModule(L.LightningModule):
 
     def require_data(self, datamodule) -> None:
         """Refuse a DataModule that does not fit the data this model was sized for."""
-        if datamodule.describe() != self.hparams.data:
+        if dataclasses.asdict(datamodule.info) != self.hparams.data:
             raise ValueError(
-                f"the data ({type(datamodule).__name__}: {datamodule.describe()}) does not fit the model, which "
-                f"was built for {self.hparams.data}: evaluate on the data set the checkpoints were trained on"
+                f"the data ({type(datamodule).__name__}: {datamodule.info}) does not fit the model, which was "
+                f"built for {self.hparams.data}: evaluate on the data set the checkpoints were trained on"
             )
 
     def build_model(self) -> nn.Module:
         """A freshly initialized backbone of this module's configuration."""
         hp = self.hparams
-        return create_model(hp.model, data=hp.data, **(hp.model_config or {})).train()
+        data = None if hp.data is None else DataInfo(**hp.data)
+        return create_model(hp.model, data=data, **(hp.model_config or {})).train()
 
     def reinitialize(self, scope: str, seed: int) -> list[str]:
         """Re-initialize the scope's parameters from a fresh seeded backbone and freeze the rest."""
@@ -186,7 +192,8 @@ def load_trained(path: str | Path) -> tuple[LMCModule, dict[str, Any]]:
             f"{path} holds weights without their model's configuration: pass a checkpoint written by lmc fit, "
             "lmc run or lmc align"
         )
-    module = LMCModule(**{k: hyperparameters.get(k) for k in MODEL_FIELDS})
+    data = hyperparameters.get("data")
+    module = LMCModule(hyperparameters["model"], hyperparameters.get("model_config"), data and DataInfo(**data))
     load_weights(module.model, path)
     return module, hyperparameters
 

@@ -2,7 +2,8 @@
 
 Every test writes its files under ``tmp_path`` (idx-ubyte, CIFAR pickles, JPEG/PNG folders,
 parquet, CSV, aclImdb, raw text/bytes), builds the DataModule offline and checks what comes
-back: sample counts per split, decoded pixels / bytes / labels, batch shapes and dtypes.
+back: sample counts per split, decoded pixels / bytes / labels, batch shapes and dtypes. A
+corrupted copy of each format must raise ``CorruptDataError`` naming the file.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from lmc.data import (
     IMDB,
     MNIST,
     AGNews,
+    CorruptDataError,
     DataUnavailableError,
     DBPedia,
+    Digits,
     Enwik8,
     ImageNet,
     LMCDataModule,
@@ -35,18 +38,18 @@ from lmc.data import (
     WikiText103,
     data_root,
 )
+from lmc.tasks import DataInfo
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "data"
 
 
 @pytest.fixture(autouse=True)
-def _offline_hf_cache(tmp_path, monkeypatch):
-    """``datasets`` fixes its cache path at import; point it at this test's ``tmp_path`` too."""
-    import datasets.config
+def _isolated_data_roots(tmp_path, monkeypatch):
+    """No data from the user's ``$LMC_DATA`` or hub cache (``huggingface_hub`` fixes its cache path at import)."""
+    import huggingface_hub.constants
 
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_home" / "datasets")
     monkeypatch.delenv("LMC_DATA", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
 
 
 def _built(module: LMCDataModule) -> LMCDataModule:
@@ -148,7 +151,7 @@ def test_mnist_reads_idx_files_and_carves_validation(tmp_path, layout):
     batch = next(iter(module.train_dataloader()))
     assert batch["inputs"].shape == (4, 1, 28, 28) and batch["inputs"].dtype == torch.float32
     assert batch["labels"].shape == (4,) and batch["labels"].dtype == torch.long
-    assert module.describe() == {"task": "image_classification", "num_classes": 10, "image_size": 28, "in_channels": 1}
+    assert module.info == DataInfo("image_classification", num_classes=10, image_size=28, in_channels=1)
 
 
 def test_mnist_validation_split_depends_on_the_seed_only(tmp_path):
@@ -157,7 +160,7 @@ def test_mnist_validation_split_depends_on_the_seed_only(tmp_path):
     assert torch.equal(val[0], val[1]) and not torch.equal(val[0], val[2])
 
 
-def test_cifar10_reads_the_pickles_without_official_md5(tmp_path):
+def test_cifar10_reads_the_python_pickles(tmp_path):
     written = _cifar10_files(tmp_path)
     module = _built(CIFAR10(root=str(tmp_path), val_fraction=0.2, batch_size=3))
 
@@ -188,7 +191,7 @@ def test_cifar100_returns_fine_labels(tmp_path):
     assert [s["labels"].item() for s in _samples(module.test_set)] == [99, 50, 0, 42]
     raw = torch.tensor(written["test"][3], dtype=torch.float32).view(3, 32, 32)[2, 5, 7] / 255
     assert module.test_set[3]["inputs"][2, 5, 7].item() == pytest.approx((raw.item() - 0.4409) / 0.2762, abs=1e-5)
-    assert module.describe()["num_classes"] == 100
+    assert module.info.num_classes == 100
 
 
 def _imagenet_folder(root: Path) -> dict[str, tuple[int, int, int]]:
@@ -224,7 +227,7 @@ def test_imagenet_reads_an_image_folder_resized_and_normalised(tmp_path):
     batch = next(iter(module.train_dataloader()))
     assert batch["inputs"].shape == (5, 3, 16, 16) and batch["inputs"].dtype == torch.float32
     assert batch["labels"].dtype == torch.long
-    assert module.describe()["image_size"] == 16 and module.describe()["num_classes"] == 1000
+    assert module.info.image_size == 16 and module.info.num_classes == 1000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,18 +273,22 @@ def test_ag_news_bytes_and_zero_based_labels(tmp_path, layout):
         "attention_mask": ((4, 48), torch.long),
         "labels": ((4,), torch.long),
     }
-    assert module.describe() == {
-        "task": "text_classification",
-        "num_classes": 4,
-        "vocab_size": 257,
-        "sequence_length": 48,
-    }
+    assert module.info == DataInfo("text_classification", num_classes=4, vocab_size=257, sequence_length=48)
+
+
+def _hub_snapshot(repo: Path, commit: str) -> Path:
+    """A hub cache entry as ``huggingface-cli download`` leaves it: the ref ``main`` names the snapshot."""
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
 
 
 def test_ag_news_found_in_the_hf_hub_cache_when_no_root_is_given(tmp_path, monkeypatch):
     monkeypatch.setenv("LMC_DATA", str(tmp_path / "empty"))
-    snapshot = tmp_path / "hf_home" / "hub" / "datasets--fancyzhx--ag_news" / "snapshots" / "0123abcd"
-    _ag_news_files(snapshot, "parquet")
+    repo = tmp_path / "hf_home" / "hub" / "datasets--fancyzhx--ag_news"
+    _ag_news_files(_hub_snapshot(repo, "0123abcd"), "parquet")
+    _ag_news_files(repo / "snapshots" / "0ld0", "parquet")  # newer on disk, but main does not name it
+    (repo / "snapshots" / "0ld0" / "data" / "test-00000-of-00001.parquet").write_bytes(b"not parquet")
     module = _built(AGNews(sequence_length=32, val_fraction=0.2))
     assert len(module.test_set) == 2 and module.test_set[0]["labels"].item() == 3
 
@@ -320,7 +327,7 @@ def test_imdb_pos_reviews_get_label_one(tmp_path, layout):
     assert by_text == {"Superb": 1, "Boring plot": 0}
     labels = sorted(s["labels"].item() for s in _samples(module.train_set) + _samples(module.val_set))
     assert labels == [0, 0, 0, 1, 1]
-    assert module.describe()["num_classes"] == 2
+    assert module.info.num_classes == 2
 
 
 @pytest.mark.parametrize("layout", ["csv", "parquet"])
@@ -347,7 +354,7 @@ def test_dbpedia_joins_title_and_content(tmp_path, layout):
     assert torch.equal(first["inputs"][:23], _ids("Zebra Film A 1990 film.")) and first["inputs"][23] == 0
     labels = sorted(s["labels"].item() for s in _samples(module.train_set) + _samples(module.val_set))
     assert labels == list(range(14))
-    assert module.describe()["num_classes"] == 14
+    assert module.info.num_classes == 14
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +393,7 @@ def test_wikitext103_windows_from_raw_or_parquet(tmp_path, layout):
         _check_windows(dataset, "".join(texts[split]).encode(), 16)
     batch = next(iter(module.train_dataloader()))
     assert batch["inputs"].shape == batch["labels"].shape == (8, 16)
-    assert module.describe() == {"task": "causal_lm", "num_classes": 257, "sequence_length": 16}
+    assert module.info == DataInfo("causal_lm", vocab_size=257, sequence_length=16)
 
 
 def test_enwik8_splits_90_5_5(tmp_path):
@@ -458,7 +465,146 @@ def test_one_billion_word_validation_position_follows_the_seed(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Shared behaviour: parts, missing data, default roots, configs.
+# Corrupted files: CorruptDataError naming the file and where to download it again.
+# ---------------------------------------------------------------------------------------------
+
+
+def _corrupt_mnist_truncated(root: Path) -> Path:
+    _mnist_files(root)
+    path = root / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:-100])  # a download cut short
+    return path
+
+
+def _corrupt_mnist_garbage(root: Path) -> Path:
+    _mnist_files(root)
+    (root / "t10k-labels-idx1-ubyte").write_bytes(b"<html>404 Not Found</html>")  # an error page saved as the file
+    return root / "t10k-labels-idx1-ubyte"
+
+
+def _corrupt_mnist_gzipped(root: Path) -> Path:
+    _mnist_files(root)
+    import gzip
+
+    path = root / "train-labels-idx1-ubyte"
+    path.write_bytes(gzip.compress(path.read_bytes()))  # not gunzipped
+    return path
+
+
+def _corrupt_cifar_truncated(root: Path) -> Path:
+    _cifar10_files(root)
+    path = root / "cifar-10-batches-py" / "data_batch_3"
+    path.write_bytes(path.read_bytes()[:500])
+    return path
+
+
+def _corrupt_cifar_garbage(root: Path) -> Path:
+    _cifar10_files(root)
+    path = root / "cifar-10-batches-py" / "test_batch"
+    path.write_bytes(bytes(range(256)) * 4)
+    return path
+
+
+def _corrupt_cifar_wrong_content(root: Path) -> Path:
+    _cifar100_files(root)
+    path = root / "cifar-100-python" / "train"
+    _pickle(path, {"data": np.zeros((8, 1024), dtype=np.uint8), "fine_labels": list(range(8))})  # grey, not RGB
+    return path
+
+
+def _corrupt_ag_news_parquet(root: Path) -> Path:
+    _ag_news_files(root, "parquet")
+    path = root / "data" / "train-00000-of-00001.parquet"
+    path.write_bytes(path.read_bytes()[:-40])  # the footer is gone
+    return path
+
+
+def _corrupt_ag_news_csv(root: Path) -> Path:
+    _ag_news_files(root, "csv")
+    path = root / "ag_news_csv" / "test.csv"
+    path.write_text('"3","title","body"\n"World","title","the class column is a name"\n')
+    return path
+
+
+def _corrupt_imdb_review(root: Path) -> Path:
+    for split in ("train", "test"):
+        for index, sentiment in enumerate(("neg", "pos")):
+            path = root / "aclImdb" / split / sentiment / f"{index}_1.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("A fine review")
+    path = root / "aclImdb" / "test" / "pos" / "0_1.txt"
+    path.write_bytes(b"\xff\xfe\x00garbled")
+    return path
+
+
+def _corrupt_wikitext_parquet(root: Path) -> Path:
+    for split in ("train", "validation", "test"):
+        _parquet(root / "wikitext-103-raw-v1" / f"{split}-00000-of-00001.parquet", {"text": _wiki_text(split, 30)})
+    path = root / "wikitext-103-raw-v1" / "validation-00000-of-00001.parquet"
+    path.write_bytes(b"PAR1" + bytes(300))
+    return path
+
+
+CORRUPTED = {
+    "mnist-truncated": (_corrupt_mnist_truncated, MNIST, "announces 9408"),
+    "mnist-garbage": (_corrupt_mnist_garbage, MNIST, "not an idx file"),
+    "mnist-gzipped": (_corrupt_mnist_gzipped, MNIST, "not an idx file"),
+    "cifar-truncated": (_corrupt_cifar_truncated, CIFAR10, "UnpicklingError"),
+    "cifar-garbage": (_corrupt_cifar_garbage, CIFAR10, "invalid load key"),
+    "cifar-wrong-content": (_corrupt_cifar_wrong_content, CIFAR100, "not a uint8 array of rows of 3,072 values"),
+    "ag-news-parquet": (_corrupt_ag_news_parquet, AGNews, "ArrowInvalid"),
+    "ag-news-csv": (_corrupt_ag_news_csv, AGNews, "line 2 starts with 'World', not a class number"),
+    "imdb-review": (_corrupt_imdb_review, IMDB, "UnicodeDecodeError"),
+    "wikitext-parquet": (_corrupt_wikitext_parquet, WikiText103, "ArrowInvalid"),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTED))
+def test_a_corrupt_file_is_named_with_the_advice_to_download_it_again(tmp_path, case):
+    corrupt, loader, reason = CORRUPTED[case]
+    path = corrupt(tmp_path)
+    with pytest.raises(CorruptDataError) as error:
+        loader(root=str(tmp_path)).setup()
+    message = str(error.value)
+    assert str(path) in message and reason in message
+    assert "corrupt or truncated" in message and "download it again: " + loader.source in message
+    assert isinstance(error.value, DataUnavailableError)  # caught wherever missing data is
+
+
+def test_mnist_images_and_labels_of_different_counts_name_both_files(tmp_path):
+    _mnist_files(tmp_path)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.arange(4))  # 5 test images
+    with pytest.raises(CorruptDataError, match="t10k-images-idx3-ubyte holds 5 images but .*t10k-labels-idx1-ubyte 4"):
+        MNIST(root=str(tmp_path)).setup()
+
+
+def test_a_cifar_pickle_is_not_allowed_to_run_code(tmp_path):
+    """``pickle.load`` would call any function a file names; the CIFAR reader accepts numpy arrays only."""
+    _cifar10_files(tmp_path)
+    witness = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (witness,))
+
+    _pickle(tmp_path / "cifar-10-batches-py" / "test_batch", {"data": Payload(), "labels": [0]})
+    with pytest.raises(CorruptDataError, match="refers to pathlib.*which no CIFAR batch holds"):
+        CIFAR10(root=str(tmp_path)).setup()
+    assert not witness.exists()
+
+
+def test_a_corrupt_imagenet_image_is_named_when_read(tmp_path):
+    _imagenet_folder(tmp_path)
+    broken = tmp_path / "val" / "n01443537" / "ILSVRC2012_val_n01443537.JPEG"
+    broken.write_bytes(broken.read_bytes()[:30])
+    module = _built(ImageNet(root=str(tmp_path), image_size=16))
+    assert module.test_set[0]["labels"].item() == 0  # the intact images still load
+    with pytest.raises(CorruptDataError, match=re.escape(f"ImageNet: cannot read {broken} (")):
+        module.test_set[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared behaviour: parts, splits, missing data, default roots, configs.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -498,6 +644,19 @@ def test_parts_a_and_b_are_disjoint_halves_of_training(tmp_path, name, make):
     assert len(halves["B"].test_set) == len(full.test_set)
 
 
+def test_split_returns_the_named_dataset_and_refuses_other_names():
+    module = Digits()
+    assert module.split("val") is module.val_set and module.split("test") is module.test_set
+    assert module.split("train") is module.train_set and len(module.train_set) > len(module.val_set)
+    with pytest.raises(ValueError, match="unknown split 'validation'; choose one of train, val, test"):
+        module.split("validation")
+
+
+def test_a_bad_part_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="part='C'; choose one of all, A, B"):
+        Digits(part="C")
+
+
 ALL_LOADERS = {
     "MNIST": MNIST,
     "CIFAR-10": CIFAR10,
@@ -513,8 +672,8 @@ ALL_LOADERS = {
 
 EXPECTED_PATH = {
     "MNIST": "absent/MNIST/raw/{train-images-idx3-ubyte",
-    "CIFAR-10": "absent/cifar-10-batches-py/{data_batch_1",
-    "CIFAR-100": "absent/cifar-100-python/{train,test,meta}",
+    "CIFAR-10": "absent/cifar-10-batches-py/{data_batch_1,data_batch_2,data_batch_3,data_batch_4,data_batch_5,test_",
+    "CIFAR-100": "absent/cifar-100-python/{train,test}",
     "ImageNet": "absent/train/<wnid>/*.JPEG",
     "AG News": "absent/ag_news_csv/{train,test}.csv",
     "IMDB": "absent/aclImdb/{train,test}/{pos,neg}/*.txt",

@@ -8,7 +8,8 @@ import torch
 
 from lmc.checkpoints import CheckpointError
 from lmc.data import Digits, PythonDocsLM, PythonTextKinds
-from lmc.symmetry import SCOPES, scope_parameters
+from lmc.adapters import scope_parameters
+from lmc.symmetry import SCOPES
 from lmc.training import LMCModule
 from tests.runs import trainer
 
@@ -33,7 +34,7 @@ def pretrained_checkpoints(tmp_path_factory):
     paths = {}
     for name, data_class in BACKBONES.items():
         data = data_class(batch_size=16)
-        module = LMCModule(name, data=data.describe())
+        module = LMCModule(name, data=data.info)
         trainer = _trainer(tmp_path_factory.mktemp(name), steps=2)
         trainer.fit(module, data)
         paths[name] = tmp_path_factory.mktemp("ckpt") / f"{name}.ckpt"
@@ -50,9 +51,9 @@ def _weights(module: LMCModule) -> dict[str, torch.Tensor]:
 def test_only_reinitialized_parameters_train(name, reinit, pretrained_checkpoints, tmp_path):
     data = BACKBONES[name](batch_size=16)
     module = LMCModule(
-        name, data=data.describe(), reinit=reinit, reinit_seed=1, pretrained=str(pretrained_checkpoints[name])
+        name, data=data.info, reinit=reinit, reinit_seed=1, pretrained=str(pretrained_checkpoints[name])
     )
-    pretrained = LMCModule(name, data=data.describe(), pretrained=str(pretrained_checkpoints[name]))
+    pretrained = LMCModule(name, data=data.info, pretrained=str(pretrained_checkpoints[name]))
     chosen = set(scope_parameters(module.model, reinit))
     start = _weights(module)
 
@@ -79,7 +80,7 @@ def test_two_seeds_differ_only_in_the_reinitialized_parameters(reinit, pretraine
     for seed in (0, 1):
         module = LMCModule(
             name,
-            data=data.describe(),
+            data=data.info,
             reinit=reinit,
             reinit_seed=seed,
             pretrained=str(pretrained_checkpoints[name]),
@@ -94,8 +95,8 @@ def test_two_seeds_differ_only_in_the_reinitialized_parameters(reinit, pretraine
 def test_same_seed_reinitializes_identically(pretrained_checkpoints):
     data = Digits()
     path = str(pretrained_checkpoints["vit-tiny"])
-    a = LMCModule("vit-tiny", data=data.describe(), reinit="all_attention", reinit_seed=3, pretrained=path)
-    b = LMCModule("vit-tiny", data=data.describe(), reinit="all_attention", reinit_seed=3, pretrained=path)
+    a = LMCModule("vit-tiny", data=data.info, reinit="all_attention", reinit_seed=3, pretrained=path)
+    b = LMCModule("vit-tiny", data=data.info, reinit="all_attention", reinit_seed=3, pretrained=path)
     assert all(torch.equal(x, y) for x, y in zip(_weights(a).values(), _weights(b).values()))
 
 
@@ -110,7 +111,7 @@ def test_bad_configuration_is_refused(pretrained_checkpoints):
         LMCModule(
             "vit-tiny",
             model_config={"embed_dim": 48},
-            data=Digits().describe(),
+            data=Digits().info,
             pretrained=str(pretrained_checkpoints["vit-tiny"]),
         )
     with pytest.raises(CheckpointError, match="does not exist"):
@@ -119,7 +120,7 @@ def test_bad_configuration_is_refused(pretrained_checkpoints):
 
 def test_language_model_logs_bits_per_token(tmp_path):
     data = PythonDocsLM(batch_size=8, sequence_length=16)
-    module = LMCModule("reference-tiny", data=data.describe())
+    module = LMCModule("reference-tiny", data=data.info)
     trainer = _trainer(tmp_path, steps=1)
     trainer.validate(module, data, verbose=False)
     metrics = trainer.callback_metrics
