@@ -15,84 +15,14 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
 
 TRAINING_COMMANDS = ("fit", "validate", "test", "predict")
-
-
-def data_info(data) -> Any:
-    """What a DataModule tells the model about itself (linked into ``model.data``)."""
-    return data.info
-
-
-@contextmanager
-def _program_arguments_only():
-    """Hide the process's own arguments while LightningCLI parses explicit ``args``.
-
-    LightningCLI warns whenever both are present (a guard for notebooks); ``lmc run`` and the
-    Python API always pass the arguments explicitly.
-    """
-    saved = sys.argv
-    sys.argv = saved[:1]
-    try:
-        yield
-    finally:
-        sys.argv = saved
-
-
-def lightning_cli(args: list[str] | None = None, run: bool = True):
-    """The LightningCLI of lmc: model ``LMCModule``, data any ``LMCDataModule`` subclass.
-
-    ``args`` ``None`` reads the command line. The DataModule's sizing metadata is linked into
-    ``model.data`` so a model is always sized to its data; the ``protocol`` group is read by
-    ``lmc run`` only. The resolved config is saved into the run's log folder, never elsewhere.
-    """
-    from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
-
-    from lmc.data import LMCDataModule
-    from lmc.experiment import Protocol
-    from lmc.training import LMCModule
-
-    class SaveConfigIntoTheRunFolder(SaveConfigCallback):
-        """Save the config only where the run keeps its logs, and never over an input file."""
-
-        def setup(self, trainer, pl_module, stage: str) -> None:
-            if trainer.logger is None or trainer.logger.log_dir is None:
-                return  # no run folder: the working directory is the user's, not ours
-            inputs = {Path(str(c)).resolve() for c in self.config.get("config") or []}
-            if (Path(trainer.logger.log_dir) / self.config_filename).resolve() in inputs:
-                return
-            super().setup(trainer, pl_module, stage)
-
-    class LMCLightningCLI(LightningCLI):
-        def add_arguments_to_parser(self, parser) -> None:
-            parser.link_arguments("data", "model.data", compute_fn=data_info, apply_on="instantiate")
-            parser.add_class_arguments(Protocol, "protocol", instantiate=True)
-
-    with _program_arguments_only() if args is not None else _no_op():
-        return LMCLightningCLI(
-            LMCModule,
-            LMCDataModule,
-            subclass_mode_data=True,
-            save_config_callback=SaveConfigIntoTheRunFolder,
-            save_config_kwargs={"overwrite": True},
-            args=args,
-            run=run,
-            auto_configure_optimizers=False,
-        )
-
-
-@contextmanager
-def _no_op():
-    yield
 
 
 def _run_command(argv: list[str]) -> None:
     from lmc import experiment
 
-    experiment.run(lightning_cli(argv, run=False))
+    experiment.run(experiment.lightning_cli(argv, run=False))
 
 
 def _function_command(argv: list[str]) -> None:
@@ -124,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv and argv[0] in TRAINING_COMMANDS:
+            from lmc.experiment import lightning_cli
+
             lightning_cli(argv)
         elif argv and argv[0] == "run":
             _run_command(argv[1:])

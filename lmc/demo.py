@@ -15,8 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lmc.cli import lightning_cli
-from lmc.experiment import Experiment
+from lmc.experiment import Experiment, lightning_cli
 
 POSITIONAL_ENCODINGS = {"APE": {"pe": "learned"}, "RoPE": {"pe": "rope", "rope_layout": "half"}}
 PRETRAIN_EPOCHS, FINETUNE_EPOCHS = 40, 60

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from callbacks import AlignAndInterpolate
-from lmc.cli import lightning_cli
 from lmc.data import LMCDataModule
+from lmc.experiment import lightning_cli
 from lmc.training import LMCModule
 
 CONFIGS = Path(__file__).parents[1] / "configs"

@@ -24,10 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MeanMetric
 
-from lmc.adapters import adapter_for
+from lmc.adapters import adapter_for, scope_parameters
 from lmc.checkpoints import CheckpointError, atomic_write, load_weights, read_checkpoint
 from lmc.models import create_model
-from lmc.adapters import scope_parameters
 from lmc.symmetry import SCOPES, Scope
 from lmc.tasks import DataInfo
 

@@ -11,8 +11,8 @@ import torch
 
 import lmc.data
 from lmc.adapters import adapter_for
-from lmc.cli import lightning_cli
 from lmc.data import Digits, LMCDataModule, PythonDocsLM, PythonTextKinds
+from lmc.experiment import lightning_cli
 from lmc.models import create_model, list_models, register_model, zoo
 from lmc.tasks import TASKS, DataInfo
 from lmc.training import LMCModule

@@ -725,7 +725,7 @@ def test_every_config_instantiates_its_data_module_with_the_constructor_defaults
         "one_billion_word", "digits", "python_docs_lm", "python_text_kinds",
     }  # fmt: skip
     for path in sorted(CONFIGS.glob("*.yaml")):
-        data = yaml.safe_load(path.read_text())["data"]
+        data = yaml.safe_load(path.read_text())  # a group file: the data group itself
         module_name, class_name = data["class_path"].rsplit(".", 1)
         assert module_name == "lmc.data" and class_name in lmc.data.__all__, path
         cls = getattr(lmc.data, class_name)

@@ -1,4 +1,4 @@
-"""Layers only point down: rotary <- symmetry <- adapters <- matching (issue #11)."""
+"""Layers only point down, from the maths (rotary, symmetry) to the commands (issue #11)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,42 @@ import lmc
 
 ROOT = Path(lmc.__file__).parent
 
-# package -> the lmc packages it may import besides itself
+# package or module -> the lmc packages and modules it may import besides itself
 ALLOWED = {
     "rotary": set(),
+    "tasks": set(),
+    "checkpoints": set(),
     "symmetry": {"rotary"},
-    "models": {"rotary"},
+    "models": {"rotary", "tasks"},
     "adapters": {"rotary", "symmetry", "models"},
     "matching": {"symmetry", "adapters"},
-}
+    "data": {"tasks"},
+    "interpolation": {"checkpoints"},
+    "connectivity": {"checkpoints", "interpolation", "matching"},
+    "training": {"adapters", "checkpoints", "models", "symmetry", "tasks"},
+    "experiment": {"checkpoints", "connectivity", "interpolation", "matching", "symmetry", "data", "training"},
+    "symmetry_demo": {"adapters", "models", "symmetry"},
+    "demo": {"experiment"},
+    "commands": {
+        "checkpoints", "connectivity", "demo", "interpolation", "matching", "models", "symmetry", "symmetry_demo",
+        "training",
+    },
+    "cli": {"adapters", "checkpoints", "commands", "data", "experiment", "matching"},
+    "__main__": {"cli"},
+}  # fmt: skip
+
+
+def test_every_module_has_a_layer():
+    modules = {p.stem for p in ROOT.glob("*.py")} | {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert modules - {"__init__"} == set(ALLOWED)
+
+
+def test_lmc_never_imports_the_top_level_callbacks_package():
+    for path in ROOT.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not any(name.split(".")[0] == "callbacks" for name in names), path
 
 
 def lmc_imports(path: Path) -> set[str]:

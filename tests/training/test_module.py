@@ -6,9 +6,9 @@ import lightning as L
 import pytest
 import torch
 
+from lmc.adapters import scope_parameters
 from lmc.checkpoints import CheckpointError
 from lmc.data import Digits, PythonDocsLM, PythonTextKinds
-from lmc.adapters import scope_parameters
 from lmc.symmetry import SCOPES
 from lmc.training import LMCModule
 from tests.runs import trainer
@@ -50,9 +50,7 @@ def _weights(module: LMCModule) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("name", list(BACKBONES))
 def test_only_reinitialized_parameters_train(name, reinit, pretrained_checkpoints, tmp_path):
     data = BACKBONES[name](batch_size=16)
-    module = LMCModule(
-        name, data=data.info, reinit=reinit, reinit_seed=1, pretrained=str(pretrained_checkpoints[name])
-    )
+    module = LMCModule(name, data=data.info, reinit=reinit, reinit_seed=1, pretrained=str(pretrained_checkpoints[name]))
     pretrained = LMCModule(name, data=data.info, pretrained=str(pretrained_checkpoints[name]))
     chosen = set(scope_parameters(module.model, reinit))
     start = _weights(module)
