@@ -31,7 +31,7 @@ def _function_command(argv: list[str]) -> None:
     from lmc import commands
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(prog="lmc", description=__doc__)
+    parser = ArgumentParser(prog="lmc", description=__doc__, formatter_class=commands.help_formatter())
     subcommands = parser.add_subcommands(required=True, dest="command")
     for name, function in commands.COMMANDS.items():
         subcommands.add_subcommand(name, commands.parser_for(function), help=commands.summary(function))

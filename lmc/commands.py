@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from lmc.data import LMCDataModule
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
 from lmc.symmetry_demo import DEFAULT_MODELS
@@ -73,7 +74,7 @@ def align(
 def interpolate(
     a: Path,
     b: Path,
-    data: Any,
+    data: LMCDataModule,
     output_dir: Path,
     scope: Scope | None = None,
     split: Literal["val", "test"] = "val",
@@ -91,7 +92,8 @@ def interpolate(
     Args:
         a: Checkpoint of end point A (alpha = 0).
         b: Checkpoint of end point B (alpha = 1), of the same model.
-        data: The DataModule to evaluate on (a configs/data/*.yaml file or a class path).
+        data: The DataModule to evaluate on: a configs/data/*.yaml file, or a class path
+            (lmc.data.Digits).
         output_dir: Folder for the results.
         scope: Symmetries to align; default: the re-initialization the checkpoints were fine-tuned with.
         split: The split the curves are measured on.
@@ -221,13 +223,26 @@ def parser_for(function: Callable[..., None]):
     """A jsonargparse parser of ``function``: required parameters positional, AlignOptions flattened."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    parser = ArgumentParser(description=inspect.getdoc(function))
+    description = inspect.getdoc(function).split("\n\nArgs:")[0]
+    parser = ArgumentParser(description=description, formatter_class=help_formatter())
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these arguments")
     takes_options = "options" in inspect.signature(function).parameters
     parser.add_function_arguments(function, as_positional=True, skip={"options"}, as_group=False)
     if takes_options:
         parser.add_class_arguments(AlignOptions, None, instantiate=False)
     return parser
+
+
+def help_formatter():
+    """jsonargparse's help formatter, keeping the line breaks of descriptions (docstrings)."""
+    import argparse
+
+    from jsonargparse import DefaultHelpFormatter
+
+    class Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        pass
+
+    return Formatter
 
 
 def call(function: Callable[..., None], parser, config, name: str) -> None:

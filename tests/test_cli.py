@@ -1,14 +1,20 @@
-"""The ``lmc`` command and its symmetry demo."""
+"""The ``lmc`` entry point: its commands, one-line errors, and the files it never touches."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 
 from lmc.cli import main
+from lmc.commands import underscored
+from lmc.experiment import lightning_cli
 from lmc.symmetry_demo import run
+
+CONFIGS = Path(__file__).parents[1] / "configs"
 
 
 def test_symmetry_demo_rows_show_exact_symmetries_and_broken_near_misses(capsys):
@@ -23,15 +29,23 @@ def test_symmetry_demo_rows_show_exact_symmetries_and_broken_near_misses(capsys)
     assert "RoFormerForSequenceClassification" in capsys.readouterr().out
 
 
-def test_cli_rejects_an_unknown_model(capsys):
-    with pytest.raises(SystemExit):
-        main(["symmetry", "--models", "resnet50"])
-    assert "invalid choice: 'resnet50'" in capsys.readouterr().err
+def test_an_unknown_model_is_one_line_naming_the_choices(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["symmetry", "--models", "[resnet50]"])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "unknown model(s) ['resnet50']" in line and "llama-tiny" in line
+
+
+def test_errors_show_the_traceback_on_request(monkeypatch):
+    monkeypatch.setenv("LMC_DEBUG", "1")
+    with pytest.raises(ValueError, match="unknown model"):
+        main(["symmetry", "--models", "[resnet50]"])
 
 
 def test_python_dash_m_lmc_runs_the_symmetry_command():
     result = subprocess.run(
-        [sys.executable, "-m", "lmc", "symmetry", "--models", "reference-vit-tiny"],
+        [sys.executable, "-m", "lmc", "symmetry", "--models", "[reference-vit-tiny]"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -39,3 +53,36 @@ def test_python_dash_m_lmc_runs_the_symmetry_command():
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if line.startswith("reference-vit-tiny"))
     assert "ReferenceTransformer" in row and "GL(8)" in row
+
+
+def test_flags_take_dashes_or_underscores():
+    argv = ["align", "a", "--merge-alpha", "[0.5]", "--num-alphas=3", "--overwrite", "x-y", "-h"]
+    assert underscored(argv) == ["align", "a", "--merge_alpha", "[0.5]", "--num_alphas=3", "--overwrite", "x-y", "-h"]
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for command in ("fit", "run", "align", "interpolate", "demo", "symmetry"):
+        assert f"lmc {command}" in text or f"{command} " in text
+
+
+def test_fit_never_writes_over_the_users_config(tmp_path, monkeypatch):
+    # Issue #10, case 4: the debug config turns the logger off; the merged config used to land in the cwd.
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "config.yaml"
+    mine.write_text((CONFIGS / "experiment" / "digits_vit_ape.yaml").read_text().replace("../", f"{CONFIGS}/"))
+    before = mine.read_text()
+    main(["fit", "--config", "config.yaml", "--config", str(CONFIGS / "debug" / "fast.yaml")])
+    assert mine.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+def test_explicit_arguments_do_not_trigger_lightnings_args_warning(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["lmc", "run", "--config", "x.yaml"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lightning_cli(["--config", str(CONFIGS / "experiment" / "digits_vit_ape.yaml")], run=False)
+    assert not [w for w in caught if "args" in str(w.message) and "LightningCLI" in str(w.message)]
+    assert sys.argv == ["lmc", "run", "--config", "x.yaml"]

@@ -1,4 +1,4 @@
-"""`lmc align` and `lmc interpolate` on two existing checkpoints and a config."""
+"""`lmc align` and `lmc interpolate` on trained checkpoints, and what they do with bad input."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import json
 
 import pytest
 import torch
-import yaml
 
 from lmc.adapters import adapter_for
-from lmc.checkpoints import CheckpointError, load_weights, read_state_dict
 from lmc.cli import main
-from tests.runs import CONFIG, MODEL, data, finetuned, pretrain_and_first_seed, trainer
+from lmc.training import LMCModule
+from lmc.training.module import load_trained
+from tests.runs import MODEL, data, finetuned, pretrain_and_first_seed, trainer
+
+DIGITS = "lmc.data.Digits"
 
 
 @pytest.fixture(scope="module")
@@ -22,76 +24,113 @@ def checkpoints(tmp_path_factory):
     run.fit(finetuned(pretrained, 1), data())
     seed1 = root / "seed1.ckpt"
     run.save_checkpoint(seed1)
-    config = root / "experiment.yaml"
-    experiment = {"model": {"model": MODEL, "model_config": CONFIG}, "data": {"class_path": "lmc.data.Digits"}}
-    config.write_text(yaml.safe_dump(experiment))
-    return {"root": root, "pretrained": pretrained, "seed0": seed0, "seed1": seed1, "config": str(config)}
+    return {"root": root, "pretrained": pretrained, "seed0": seed0, "seed1": seed1}
 
 
-def _model(checkpoints: dict, path) -> torch.nn.Module:
-    return load_weights(finetuned(checkpoints["pretrained"], 0).build_model().eval(), path)
+def _fails(argv: list[str], capsys) -> str:
+    """Run ``lmc`` expecting a user error: exit status 2 and one line on stderr, which is returned."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith("lmc: error: "), error
+    return error
 
 
-def test_align_writes_aligned_and_merged_weights(checkpoints, tmp_path, capsys):
-    output = tmp_path / "aligned.safetensors"
-    main([
-        "align", "--config", checkpoints["config"], "--scope", "first_attention",
-        "--source", str(checkpoints["seed0"]), "--target", str(checkpoints["seed1"]),
-        "--output", str(output), "--merge-alpha", "0.5",
-    ])  # fmt: skip
-    assert "distance to target" in capsys.readouterr().out
-    source, target = _model(checkpoints, checkpoints["seed0"]), _model(checkpoints, checkpoints["seed1"])
-    aligned = _model(checkpoints, output)
-    adapter = adapter_for(source)
-    inputs = adapter.example_inputs(source, 4, torch.Generator().manual_seed(0))
+def _outputs(model: torch.nn.Module, seed: int = 0) -> torch.Tensor:
+    adapter = adapter_for(model)
+    inputs = adapter.example_inputs(model, 4, torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        torch.testing.assert_close(
-            adapter.forward(aligned, inputs), adapter.forward(source, inputs), rtol=1e-4, atol=1e-5
-        )
-    report = json.loads(output.with_suffix(".json").read_text())
+        return adapter.forward(model.eval(), inputs)
+
+
+def test_align_writes_loadable_aligned_and_merged_checkpoints(checkpoints, tmp_path, capsys):
+    output = tmp_path / "out"
+    main(["align", str(checkpoints["seed0"]), str(checkpoints["seed1"]), str(output), "--merge-alpha", "[0.5]"])
+    assert "distance to target" in capsys.readouterr().out
+    source, _ = load_trained(checkpoints["seed0"])
+    target, _ = load_trained(checkpoints["seed1"])
+    aligned, hyperparameters = load_trained(output / "aligned.ckpt")
+    assert hyperparameters["model"] == MODEL
+    torch.testing.assert_close(_outputs(aligned.model), _outputs(source.model), rtol=1e-4, atol=1e-5)
+    report = json.loads((output / "report.json").read_text())
+    assert report["scope"] == "first_attention"  # the checkpoints' own re-initialization
     assert report["distance"]["aligned"] < report["distance"]["naive"]
-    merged = read_state_dict(tmp_path / "merged_0.5.safetensors")
-    for name, value in aligned.state_dict().items():
-        expected = 0.5 * target.state_dict()[name] + 0.5 * value
-        torch.testing.assert_close(merged[name], expected, rtol=1e-6, atol=1e-7)
+    merged, _ = load_trained(output / "merged_0.5.ckpt")
+    target_weights = target.model.state_dict()
+    for name, value in aligned.model.state_dict().items():
+        expected = 0.5 * target_weights[name] + 0.5 * value
+        torch.testing.assert_close(merged.model.state_dict()[name], expected, rtol=1e-6, atol=1e-7)
 
 
-def test_interpolate_writes_curves(checkpoints, tmp_path, capsys):
-    main([
-        "interpolate", "--config", checkpoints["config"], "--scope", "first_attention", "--num-alphas", "5",
-        "--a", str(checkpoints["seed1"]), "--b", str(checkpoints["seed0"]), "--output-dir", str(tmp_path),
-    ])  # fmt: skip
-    results = json.loads((tmp_path / "lmc_results.json").read_text())
-    (result,) = results["references"].values()
+def test_checkpoints_of_different_models_are_refused(checkpoints, tmp_path, capsys):
+    # Same shapes, another rotary layout: the weights fit, the function does not (issue #10, case 2).
+    other = LMCModule(MODEL, {"pe": "rope", "rope_layout": "interleaved"}, data().info)
+    path = tmp_path / "interleaved.ckpt"
+    trainer(tmp_path, steps=1).strategy.connect(other)
+    torch.save({"state_dict": other.state_dict(), "hyper_parameters": dict(other.hparams)}, path)
+    error = _fails(["align", str(checkpoints["seed0"]), str(path), str(tmp_path / "out")], capsys)
+    assert "different models" in error and "interleaved" in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_outputs_never_replace_inputs_and_need_overwrite(checkpoints, tmp_path, capsys):
+    source, target = str(checkpoints["seed0"]), str(checkpoints["seed1"])
+    # An output folder holding the source under an output's name.
+    folder = tmp_path / "out"
+    folder.mkdir()
+    copy = folder / "aligned.ckpt"
+    copy.write_bytes(checkpoints["seed0"].read_bytes())
+    before = copy.read_bytes()
+    assert "would replace an input" in _fails(["align", str(copy), target, str(folder), "--overwrite=true"], capsys)
+    assert copy.read_bytes() == before
+    assert "already exist" in _fails(["align", source, target, str(folder)], capsys)
+    for alpha in ("[.nan]", "[1.5]", "[-0.1]"):
+        assert "in [0, 1]" in _fails(["align", source, target, str(tmp_path / "o2"), f"--merge_alpha={alpha}"], capsys)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "is a file" in _fails(["align", source, target, str(a_file)], capsys)
+    assert "does not exist" in _fails(["align", str(tmp_path / "nope.ckpt"), target, str(tmp_path / "o3")], capsys)
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+
+
+def test_interpolate_writes_curves_and_never_mixes_sweeps(checkpoints, tmp_path, capsys):
+    a, b, output = str(checkpoints["seed1"]), str(checkpoints["seed0"]), tmp_path / "lmc"
+    main(["interpolate", a, b, DIGITS, str(output), "--num-alphas", "5"])
+    assert "barrier ratio" in capsys.readouterr().out
+    validation = json.loads((output / "lmc_results.json").read_text())
+    (result,) = validation["references"].values()
     naive, aligned = result["curves"]["naive"]["points"], result["curves"]["aligned"]["points"]
     assert [p["alpha"] for p in naive] == [0, 0.25, 0.5, 0.75, 1.0]
     assert naive[0] == aligned[0] and aligned[-1]["loss"] == pytest.approx(naive[-1]["loss"], rel=1e-5)
-    assert "barrier ratio" in capsys.readouterr().out
+    assert result["settings"]["split"] == "val"
+
+    # Another split into the same folder (issue #10, case 1): refused, then done apart with --overwrite.
+    test_split = ["interpolate", a, b, DIGITS, str(output), "--num-alphas", "5", "--split", "test"]
+    assert "another sweep" in _fails(test_split, capsys)
+    main([*test_split, "--overwrite", "true"])
+    tested = json.loads((output / "lmc_results.json").read_text())
+    (result,) = tested["references"].values()
+    assert result["settings"]["split"] == "test"
+    assert result["curves"]["naive"]["points"][0] != naive[0]  # measured on the test split, not reused
+    assert json.loads((output / "stale" / "lmc_results.json").read_text()) == validation
+
+    # The same sweep again resumes (nothing to evaluate) and gives the same curves.
+    main([*test_split])
+    (again,) = json.loads((output / "lmc_results.json").read_text())["references"].values()
+    assert again["key"] == result["key"] and again["curves"] == result["curves"]
 
 
-def test_a_checkpoint_of_another_model_is_refused(checkpoints, tmp_path):
-    other = tmp_path / "other.yaml"
-    other.write_text(yaml.safe_dump({"model": {"model": "vit-tiny"}, "data": {"class_path": "lmc.data.Digits"}}))
-    with pytest.raises(CheckpointError, match="does not fit VisionTransformer"):
-        main([
-            "align", "--config", str(other), "--source", str(checkpoints["seed0"]),
-            "--target", str(checkpoints["seed1"]), "--output", str(tmp_path / "x.safetensors"),
-        ])  # fmt: skip
-    assert not (tmp_path / "x.safetensors").exists()
+def test_interpolate_refuses_data_the_model_was_not_built_for(checkpoints, tmp_path, capsys):
+    argv = ["interpolate", str(checkpoints["seed1"]), str(checkpoints["seed0"]), "lmc.data.PythonTextKinds"]
+    error = _fails([*argv, str(tmp_path / "lmc")], capsys)
+    assert "does not fit the model" in error
 
 
-def test_a_missing_config_is_reported(tmp_path):
-    with pytest.raises(SystemExit, match="does not exist"):
-        main(
-            [
-                "interpolate",
-                "--config",
-                str(tmp_path / "nope.yaml"),
-                "--a",
-                "a",
-                "--b",
-                "b",
-                "--output-dir",
-                str(tmp_path),
-            ]
-        )
+def test_bad_values_fail_before_any_work(checkpoints, tmp_path, capsys):
+    a, b = str(checkpoints["seed1"]), str(checkpoints["seed0"])
+    assert "at least 2" in _fails(["interpolate", a, b, DIGITS, str(tmp_path), "--num_alphas", "1"], capsys)
+    assert "probe_batch_size" in _fails(["align", a, b, str(tmp_path / "o"), "--probe_batch_size", "0"], capsys)
+    assert "--epochs must be at least 1" in _fails(["demo", "--epochs", "0"], capsys)
+    assert "--epochs must be at least 1" in _fails(["demo", "--epochs", "-1"], capsys)
+    assert not list(tmp_path.iterdir())

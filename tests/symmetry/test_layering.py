@@ -28,7 +28,7 @@ ALLOWED = {
     "symmetry_demo": {"adapters", "models", "symmetry"},
     "demo": {"experiment"},
     "commands": {
-        "checkpoints", "connectivity", "demo", "interpolation", "matching", "models", "symmetry", "symmetry_demo",
+        "checkpoints", "connectivity", "data", "demo", "interpolation", "matching", "models", "symmetry", "symmetry_demo",
         "training",
     },
     "cli": {"adapters", "checkpoints", "commands", "data", "experiment", "matching"},
