@@ -139,7 +139,7 @@ def main() -> None:
         f"{args.rounds} rounds of {args.steps} steps per variant (after {args.warmup} untimed), variants taking "
         "turns in one process. The machine was shared with other jobs while this ran, so the milliseconds, wall "
         "time above all, vary with their load: the ratios to APE, taken within each round and then their median, "
-        "are what count. Medians over rounds; CPU time is this process's.",
+        "are what count. Medians over rounds; CPU time is this process's. Target (issue #7): RoPE within 1.2x.",
         "",
         "| variant | CPU ms / step | ratio to APE (CPU) | middle half of round ratios (CPU) | wall ms / step "
         "| ratio to APE (wall) |",

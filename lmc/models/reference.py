@@ -160,14 +160,17 @@ class Attention(nn.Module):
             sin = torch.empty_like(cos)
             cos[:, first], cos[:, second] = angles.cos(), angles.cos()
             sin[:, first], sin[:, second] = -angles.sin(), angles.sin()
-            # (T_max, 1, r) to broadcast over the heads of a (B, T, nh, r) input. Not persistent:
-            # checkpoints hold the same entries with or without RoPE.
+            # (T_max, 1, r), spread over a call's heads in ``rotate``. Not persistent: checkpoints hold
+            # the same entries with or without RoPE.
             self.register_buffer("rope_cos_table", cos[:, None], persistent=False)
             self.register_buffer("rope_sin_table", sin[:, None], persistent=False)
 
     @property
     def rope_pairs(self) -> torch.Tensor:
-        """Coordinate pairs ``(first, second)`` of each head that rotate together, shape (r/2, 2)."""
+        """Coordinate pairs ``(first, second)`` of each head that rotate together, shape (r/2, 2).
+
+        With ``rope_cos`` and ``rope_sin``, the per-pair view the symmetry adapter reads.
+        """
         return rotary_pairs(self.config.rope_layout, self.config.rotary_dim)
 
     @property
