@@ -152,30 +152,74 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.width, c.num_kv_heads * c.head_dim, bias=c.bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.width, bias=c.bias)
         if c.pe == "rope":
-            angles = rotary_angles(c.max_positions, c.rotary_dim, c.rope_base)
-            self.register_buffer("rope_cos", angles.cos(), persistent=False)  # (T_max, r/2)
-            self.register_buffer("rope_sin", angles.sin(), persistent=False)
-            self.register_buffer("rope_pairs", rotary_pairs(c.rope_layout, c.rotary_dim), persistent=False)
+            # Each pair's cosine and sine written at both of its coordinates, the sine negated at the
+            # first, so that the rotation is elementwise (no gathers or scatters): see ``rotate``.
+            angles = rotary_angles(c.max_positions, c.rotary_dim, c.rope_base)  # (T_max, r/2)
+            first, second = rotary_pairs(c.rope_layout, c.rotary_dim).unbind(1)
+            cos = torch.empty(c.max_positions, c.rotary_dim, dtype=torch.float64)
+            sin = torch.empty_like(cos)
+            cos[:, first], cos[:, second] = angles.cos(), angles.cos()
+            sin[:, first], sin[:, second] = -angles.sin(), angles.sin()
+            # (T_max, 1, r), spread over a call's heads in ``rotate``. Not persistent: checkpoints hold
+            # the same entries with or without RoPE.
+            self.register_buffer("rope_cos_table", cos[:, None], persistent=False)
+            self.register_buffer("rope_sin_table", sin[:, None], persistent=False)
+
+    @property
+    def rope_pairs(self) -> torch.Tensor:
+        """Coordinate pairs ``(first, second)`` of each head that rotate together, shape (r/2, 2).
+
+        With ``rope_cos`` and ``rope_sin``, the per-pair view the symmetry adapter reads.
+        """
+        return rotary_pairs(self.config.rope_layout, self.config.rotary_dim)
+
+    @property
+    def rope_cos(self) -> torch.Tensor:
+        """Cosine of each pair's angle at each position, shape (T_max, r/2)."""
+        return self.rope_cos_table[:, 0, self.rope_pairs[:, 0]]
+
+    @property
+    def rope_sin(self) -> torch.Tensor:
+        """Sine of each pair's angle at each position, shape (T_max, r/2)."""
+        return self.rope_sin_table[:, 0, self.rope_pairs[:, 1]]
+
+    def swap_pairs(self, x: torch.Tensor) -> torch.Tensor:
+        """Exchange the two coordinates of every rotary pair. ``x``: (..., r).
+
+        A roll rather than ``flip`` or ``stack``: on CPU it is a copy of two slices, the cheapest
+        of the three forward and backward.
+        """
+        if self.config.rope_layout == "half":  # pairs (j, j + r/2): swap the halves
+            return x.roll(x.shape[-1] // 2, dims=-1)
+        return x.unflatten(-1, (-1, 2)).roll(1, dims=-1).flatten(-2)  # pairs (2j, 2j + 1): swap neighbours
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
-        """Turn each rotary pair ``x[first] + i x[second]`` by its angle. ``x``: (B, nh, T, hs)."""
-        T = x.shape[2]
-        cos, sin = self.rope_cos[:T].to(x.dtype), self.rope_sin[:T].to(x.dtype)  # (T, r/2)
-        first, second = self.rope_pairs[:, 0], self.rope_pairs[:, 1]
-        x1, x2 = x[..., first], x[..., second]  # (B, nh, T, r/2)
-        rotated = x.clone()
-        rotated[..., first] = x1 * cos - x2 * sin
-        rotated[..., second] = x1 * sin + x2 * cos
-        return rotated
+        """Turn each rotary pair ``x[first] + i x[second]`` by its angle. ``x``: (B, T, n, hs), n heads.
+
+        ``first' = first cos - second sin`` and ``second' = second cos + first sin`` are, over
+        all coordinates at once, ``x * cos_table + swap_pairs(x) * sin_table``: the same products
+        and sums as the pairwise formula, so the same result bit for bit.
+        """
+        T, n, r = *x.shape[1:3], self.config.rotary_dim
+        # Spread over the heads first: on CPU a product with a table broadcast over the heads runs on
+        # rows of r elements, several times slower than on contiguous memory.
+        cos, sin = (t[:T].to(x.dtype).expand(T, n, r).contiguous() for t in (self.rope_cos_table, self.rope_sin_table))
+        if r == x.shape[-1]:
+            return x * cos + self.swap_pairs(x) * sin
+        # Partial rotary: only the first r coordinates turn. One split rather than two slices: one
+        # backward op instead of two zero-filled gradients summed.
+        rotary, passed = x.split([r, x.shape[-1] - r], dim=-1)
+        return torch.cat([rotary * cos + self.swap_pairs(rotary) * sin, passed], dim=-1)
 
     def forward(self, x: torch.Tensor, causal: bool, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         c = self.config
-        q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
-        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        if c.pe == "rope":
+        q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim)  # (B, T, nh, hs)
+        k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim)  # (B, T, nkv, hs)
+        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        if c.pe == "rope":  # before the transpose, on contiguous memory
             q, k = self.rotate(q), self.rotate(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hs), (B, nkv, T, hs)
         group = c.num_heads // c.num_kv_heads
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=causal)  # (B, nh, T, hs)
