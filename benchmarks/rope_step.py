@@ -31,10 +31,14 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from benchmarks.align_scaling import machine  # noqa: E402
 from lmc.checkpoints import atomic_write_text  # noqa: E402
-from lmc.demo import BATCH_SIZE, MODEL  # noqa: E402
+from lmc.demo import experiment_config  # noqa: E402
 from lmc.models import create_model  # noqa: E402
 from lmc.models.reference import Attention, ReferenceTransformer  # noqa: E402
 
+# The main job's model and batch, positional encoding left to each variant.
+_MAIN_JOB = experiment_config("APE", Path("."), (1, 1))
+MODEL = {k: v for k, v in _MAIN_JOB["model"]["model_config"].items() if k != "pe"}
+BATCH_SIZE = _MAIN_JOB["data"]["init_args"]["batch_size"]
 DIGITS = dict(image_size=8, in_channels=1, num_classes=10)  # what the digits data module sizes the model to
 APE = "APE (learned)"
 VARIANTS: dict[str, tuple[dict, bool]] = {  # name: (config overrides, time the rotation from before this change)
