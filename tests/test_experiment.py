@@ -1,0 +1,160 @@
+"""``lmc run``: the whole protocol from one config, resumable, never reusing another configuration's results."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import lightning
+import pytest
+import yaml
+
+import lmc.experiment
+from lmc.cli import main
+from lmc.experiment import Protocol, RunError, alignment_labels, spread, summarize
+from lmc.matching import AlignOptions
+
+
+def _config(tmp_path, **protocol) -> str:
+    """A tiny experiment: the tiny reference ViT on digits, a few steps per stage."""
+    config = {
+        "seed_everything": 0,
+        "model": {"model": "reference-vit-tiny", "model_config": {"pe": "rope"}, "lr": 3e-3},
+        "data": {"class_path": "lmc.data.Digits", "init_args": {"batch_size": 32}},
+        "trainer": {
+            "accelerator": "cpu",
+            "max_epochs": 1,
+            "limit_train_batches": 6,
+            "limit_val_batches": 1,
+            "num_sanity_val_steps": 0,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+        },
+        "protocol": {
+            "output_dir": str(tmp_path / "run"),
+            "seeds": 3,
+            "num_alphas": 5,
+            "alignments": [{"method": "permutation"}, {"method": "full"}],
+            **protocol,
+        },
+    }
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def _summary(tmp_path) -> dict:
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary.pop("protocol")
+    return summary
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("experiment")
+    main(["run", "--config", _config(tmp_path)])
+    return tmp_path
+
+
+def test_run_fits_every_seed_sweeps_every_pair_and_summarizes(finished, capsys):
+    root = finished / "run"
+    for stage in ("pretrain", "seed0", "seed1", "seed2"):
+        assert (root / stage / "final.ckpt").is_file() and (root / stage / "stage.json").is_file()
+    summary = _summary(finished)
+    assert summary["pairs"] == ["0_1", "0_2", "1_2"]
+    assert set(summary["alignments"]) == {"permutation", "full"}
+    for label, entry in summary["alignments"].items():
+        for pair in summary["pairs"]:
+            result = json.loads((root / "pairs" / pair / label / "lmc_results.json").read_text())
+            (reference,) = result["references"].values()
+            assert reference["alignment"]["options"]["method"] == label
+            assert entry["per_pair"][pair]["aligned"]["loss_barrier"] == reference["curves"]["aligned"]["loss_barrier"]
+        per_pair = [entry["per_pair"][pair] for pair in summary["pairs"]]
+        # A ratio is NaN exactly when the naive curve has no barrier (these runs are a few steps long).
+        assert all(
+            math.isfinite(p["barrier_ratio"]["loss_barrier"]) == (p["naive"]["loss_barrier"] > 0) for p in per_pair
+        )
+        ratios = [
+            p["barrier_ratio"]["loss_barrier"] for p in per_pair if math.isfinite(p["barrier_ratio"]["loss_barrier"])
+        ]
+        assert entry["barrier_ratio"]["loss_barrier"]["mean"] == pytest.approx(statistics.fmean(ratios), rel=1e-12)
+        assert entry["barrier_ratio"]["loss_barrier"]["std"] == pytest.approx(statistics.stdev(ratios), rel=1e-12)
+        assert len(entry["mean_curves"]["aligned"]) == 5
+    # Every pair shares the naive curve: the naive barriers do not depend on the alignment.
+    naive = {label: e["naive"]["loss_barrier"]["mean"] for label, e in summary["alignments"].items()}
+    assert naive["permutation"] == naive["full"]
+    table = (root / "summary.md").read_text()
+    assert "| full |" in table and "| permutation |" in table
+    assert (root / "summary_full.png").stat().st_size > 0 and (root / "summary.csv").is_file()
+    assert list((root / "tensorboard" / "lmc").glob("events.out.tfevents.*"))
+
+
+def test_a_killed_run_resumes_without_refitting_and_ends_identical(finished, tmp_path, monkeypatch):
+    config = _config(tmp_path)
+    sweeps = {"count": 0}
+    real = lmc.experiment.measure_connectivity
+
+    def killed_during_the_second_pair(*args, **kwargs):
+        sweeps["count"] += 1
+        if sweeps["count"] == 3:
+            raise KeyboardInterrupt  # the kill
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lmc.experiment, "measure_connectivity", killed_during_the_second_pair)
+    with pytest.raises(KeyboardInterrupt):
+        main(["run", "--config", config])
+    assert not (tmp_path / "run" / "summary.json").exists()
+    monkeypatch.setattr(lmc.experiment, "measure_connectivity", real)
+
+    fits = []
+    monkeypatch.setattr(lightning.Trainer, "fit", lambda self, *args, **kwargs: fits.append(args))
+    main(["run", "--config", config])
+    assert fits == []  # every stage had finished before the kill
+    assert _summary(tmp_path)["alignments"] == _summary(finished)["alignments"]
+
+
+def test_a_changed_config_never_reuses_a_stage(finished, tmp_path, capsys):
+    root = tmp_path / "run"
+    (root / "seed0").mkdir(parents=True)
+    for stage in ("pretrain", "seed0"):
+        (root / stage).mkdir(exist_ok=True)
+        for name in ("final.ckpt", "stage.json"):
+            (root / stage / name).write_bytes((finished / "run" / stage / name).read_bytes())
+    changed = _config(tmp_path, finetune={"lr": 1e-2})
+    with pytest.raises(SystemExit):
+        main(["run", "--config", changed])
+    error = capsys.readouterr().err
+    assert "seed0" in error and "another configuration" in error and "--protocol.overwrite" in error
+
+
+def test_protocol_values_are_checked_while_parsing(tmp_path, capsys):
+    for bad, message in (
+        ({"seeds": 1}, "at least 2"),
+        ({"num_alphas": 1}, "at least 2"),
+        ({"alignments": []}, "empty"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["run", "--config", _config(tmp_path, **bad)])
+        assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="the same settings twice"):
+        Protocol(alignments=[AlignOptions(), AlignOptions()])
+
+
+def test_labels_name_what_differs_from_the_defaults():
+    options = [AlignOptions(), AlignOptions(method="orthogonal"), AlignOptions(metric="weight", steps=5)]
+    assert alignment_labels(options) == ["full", "orthogonal", "full-metric=weight-steps=5"]
+
+
+def test_summary_statistics_by_hand():
+    assert spread([1.0, 2.0, 4.0]) == {"mean": 7 / 3, "std": pytest.approx(1.5275252316519468), "min": 1.0,
+                                       "max": 4.0, "count": 3}  # fmt: skip
+    assert spread([float("nan")])["count"] == 0
+    curve = [{"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, {"alpha": 1.0, "loss": 3.0, "accuracy": 0.7}]
+    result = {
+        "curves": {c: {"points": curve, **dict.fromkeys(lmc.experiment._BARRIERS, 1.0)} for c in ("naive", "aligned")},
+        "barrier_ratio": {"loss_barrier": 50.0, "accuracy_barrier": 25.0},
+    }
+    summary = summarize({(0, 1): {"full": result}, (0, 2): {"full": result}}, ["full"])
+    assert summary["alignments"]["full"]["barrier_ratio"]["loss_barrier"]["mean"] == 50.0
+    assert summary["alignments"]["full"]["mean_curves"]["naive"][1]["loss"] == 3.0
