@@ -73,14 +73,9 @@ class LMCModule(L.LightningModule):
         self.model = self.build_model()
         if pretrained is not None:
             load_weights(self.model, pretrained)
-        # Sample- (or token-) weighted means whose states are sums: exact across batches and DDP ranks.
-        self.metrics = nn.ModuleDict(
-            {
-                f"{stage}_{name}": MeanMetric()
-                for stage in ("train", "val", "test")
-                for name in ("loss", "accuracy", "bits_per_token")
-            }
-        )
+        # Sample- (or token-) weighted means, one per stage and metric, created on first use: their
+        # states are sums, so epoch values are exact across batches and DDP ranks.
+        self.metrics = nn.ModuleDict()
         if reinit is not None:
             self.reinitialize(reinit, reinit_seed)
         self.adapter = adapter_for(self.model)
@@ -134,17 +129,30 @@ class LMCModule(L.LightningModule):
             "accuracy": (logits.argmax(-1) == labels).sum().double(),
         }
 
+    def _mean(self, stage: str, name: str) -> MeanMetric:
+        key = f"{stage}_{name}"
+        if key not in self.metrics:
+            self.metrics[key] = MeanMetric().to(self.device)
+        return self.metrics[key]
+
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         sums = self.metric_sums(batch)
         count = sums.pop("count")
         means = {name: value / count for name, value in sums.items()}
-        batch_size = int(count)
-        for name, mean in means.items():
-            show = name == "loss" or stage != "train"
-            self.log(f"{stage}/{name}", mean, prog_bar=show, sync_dist=stage != "train", batch_size=batch_size)
         if batch["labels"].ndim == 2:  # language modelling: one label per token
-            bits = means["loss"] / math.log(2)
-            self.log(f"{stage}/bits_per_token", bits, sync_dist=stage != "train", batch_size=batch_size)
+            means["bits_per_token"] = means["loss"] / math.log(2)
+        for name, mean in means.items():
+            metric = self._mean(stage, name)
+            metric(mean, count)  # forward: accumulates and keeps the batch's value for step logs
+            show = name == "loss" or (stage != "train" and name == "accuracy")
+            self.log(
+                f"{stage}/{name}",
+                metric,
+                on_step=stage == "train",
+                on_epoch=True,
+                prog_bar=show,
+                metric_attribute=f"metrics.{stage}_{name}",  # created lazily: Lightning's lookup misses it
+            )
         return means["loss"].float()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_index: int) -> torch.Tensor:

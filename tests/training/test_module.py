@@ -123,3 +123,21 @@ def test_language_model_logs_bits_per_token(tmp_path):
     trainer.validate(module, data, verbose=False)
     metrics = trainer.callback_metrics
     assert torch.isclose(metrics["val/bits_per_token"], metrics["val/loss"] / torch.log(torch.tensor(2.0)))
+
+
+@pytest.mark.parametrize("name", ["reference-vit-tiny", "gpt2-tiny"])
+def test_logged_epoch_metrics_are_the_exact_sample_weighted_means(name, tmp_path):
+    from lmc.interpolation import evaluate, point_metrics
+
+    data = BACKBONES[name](batch_size=7)  # batches of unequal size: a mean of batch means would differ
+    module = LMCModule(name, data=data.info)
+    run = trainer(tmp_path, steps=1, limit_val_batches=None)
+    (logged,) = run.validate(module, data, verbose=False)
+    data.setup()
+    expected = point_metrics(
+        {k: float(v) for k, v in evaluate(module.metric_sums, data.val_dataloader(), "cpu").items()}
+    )
+    assert logged["val/loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert logged["val/accuracy"] == pytest.approx(expected["accuracy"], rel=1e-6)
+    if name == "gpt2-tiny":
+        assert logged["val/bits_per_token"] == pytest.approx(expected["loss"] / 0.6931471805599453, rel=1e-6)
