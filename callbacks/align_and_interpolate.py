@@ -34,8 +34,10 @@ from tqdm.auto import tqdm
 from lmc.checkpoints import check_output_folder, checkpoint_file, load_weights
 from lmc.connectivity import (
     BARRIERS,
+    CurveSplit,
     Evaluation,
     SweepHooks,
+    check_curve_split,
     curve_figure,
     data_identity,
     measure_connectivity,
@@ -46,9 +48,7 @@ from lmc.connectivity import (
 )
 from lmc.interpolation import evenly_spaced
 from lmc.matching import AlignOptions
-from lmc.symmetry import SCOPES
-
-SPLITS = ("val", "test")
+from lmc.symmetry import Scope, check_scope
 
 
 class AlignAndInterpolate(L.Callback):
@@ -70,20 +70,19 @@ class AlignAndInterpolate(L.Callback):
     def __init__(
         self,
         references: list[str],
-        scope: str | None = None,
+        scope: Scope | None = None,
         options: AlignOptions | None = None,
         num_alphas: int = 25,
-        split: str = "val",
+        split: CurveSplit = "val",
         batch_size: int | None = None,
         output_dir: str | None = None,
     ):
         super().__init__()
         if not references:
             raise ValueError("AlignAndInterpolate needs at least one reference checkpoint (a path or glob pattern)")
-        if scope not in (None, *SCOPES):
-            raise ValueError(f"AlignAndInterpolate scope={scope!r}; choose None (the run's) or one of {SCOPES}")
-        if split not in SPLITS:
-            raise ValueError(f"AlignAndInterpolate split={split!r}; choose one of {SPLITS}")
+        if scope is not None:
+            check_scope(scope)
+        check_curve_split(split)
         if num_alphas < 2:
             raise ValueError(f"AlignAndInterpolate num_alphas={num_alphas}; an interpolation needs at least 2 points")
         self.references, self.scope, self.options = references, scope, options or AlignOptions()

@@ -15,8 +15,24 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 TRAINING_COMMANDS = ("fit", "validate", "test", "predict")
+
+
+def _check_config_files(argv: list[str]) -> None:
+    """Name the file of a YAML syntax error (jsonargparse reports it as ``<unicode string>``)."""
+    import yaml
+
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--config" and Path(value).is_file():
+            try:
+                yaml.safe_load(Path(value).read_text())
+            except yaml.YAMLError as error:
+                where = getattr(error, "problem_mark", None)
+                line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+                problem = getattr(error, "problem", None) or error
+                raise ValueError(f"{value}: YAML syntax error{line}: {problem}") from error
 
 
 def _run_command(argv: list[str]) -> None:
@@ -53,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``lmc`` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        _check_config_files(argv)
         if argv and argv[0] in TRAINING_COMMANDS:
             from lmc.experiment import lightning_cli
 

@@ -13,8 +13,9 @@ import inspect
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from lmc.connectivity import CurveSplit
 from lmc.data import LMCDataModule
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
@@ -77,7 +78,7 @@ def interpolate(
     data: LMCDataModule,
     output_dir: Path,
     scope: Scope | None = None,
-    split: Literal["val", "test"] = "val",
+    split: CurveSplit = "val",
     num_alphas: int = 25,
     batch_size: int | None = None,
     overwrite: bool = False,

@@ -36,14 +36,16 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from torch.utils.data import DataLoader
 
 from lmc.checkpoints import atomic_write, atomic_write_json, atomic_write_text, load_weights
 from lmc.connectivity import (
+    CurveSplit,
     Evaluation,
     SweepHooks,
+    check_curve_split,
     curve_figure,
     data_identity,
     measure_connectivity,
@@ -112,7 +114,7 @@ class Protocol:
     finetune: Schedule = field(default_factory=Schedule)
     alignments: list[AlignOptions] | None = None
     num_alphas: int = 25
-    split: Literal["val", "test"] = "val"
+    split: CurveSplit = "val"
     eval_batch_size: int | None = None
     overwrite: bool = False
 
@@ -126,6 +128,7 @@ class Protocol:
         labels = alignment_labels(self.alignment_options)
         if len(set(labels)) != len(labels):
             raise ValueError(f"protocol.alignments lists the same settings twice: {labels}")
+        check_curve_split(self.split)
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise ValueError(f"protocol.eval_batch_size must be positive, got {self.eval_batch_size}")
 

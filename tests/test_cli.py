@@ -86,3 +86,14 @@ def test_explicit_arguments_do_not_trigger_lightnings_args_warning(monkeypatch):
         lightning_cli(["--config", str(CONFIGS / "experiment" / "digits_vit_ape.yaml")], run=False)
     assert not [w for w in caught if "args" in str(w.message) and "LightningCLI" in str(w.message)]
     assert sys.argv == ["lmc", "run", "--config", "x.yaml"]
+
+
+@pytest.mark.parametrize("command", ["fit", "run"])
+def test_a_yaml_syntax_error_names_the_file_and_line(command, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  model: [unclosed\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--config", str(bad)])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{bad}: YAML syntax error at line 3" in line

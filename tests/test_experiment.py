@@ -12,7 +12,7 @@ import yaml
 
 import lmc.experiment
 from lmc.cli import main
-from lmc.experiment import Protocol, RunError, alignment_labels, spread, summarize
+from lmc.experiment import Protocol, alignment_labels, spread, summarize
 from lmc.matching import AlignOptions
 
 

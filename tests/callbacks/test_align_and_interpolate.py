@@ -254,11 +254,11 @@ def test_bad_references_and_outputs_fail_before_any_training_step(runs, tmp_path
 
 
 def test_bad_settings_are_refused_at_construction():
-    with pytest.raises(ValueError, match="split='train'; choose one of \\('val', 'test'\\)"):
+    with pytest.raises(ValueError, match="unknown split 'train' for interpolation curves"):
         AlignAndInterpolate(references=["a.ckpt"], split="train")
     with pytest.raises(ValueError, match="num_alphas=1; an interpolation needs at least 2 points"):
         AlignAndInterpolate(references=["a.ckpt"], num_alphas=1)
-    with pytest.raises(ValueError, match="scope='first_layer'"):
+    with pytest.raises(ValueError, match="unknown scope 'first_layer'; choose one of first_attention"):
         AlignAndInterpolate(references=["a.ckpt"], scope="first_layer")
     with pytest.raises(ValueError, match="at least one reference"):
         AlignAndInterpolate(references=[])

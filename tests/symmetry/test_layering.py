@@ -28,8 +28,8 @@ ALLOWED = {
     "symmetry_demo": {"adapters", "models", "symmetry"},
     "demo": {"experiment"},
     "commands": {
-        "checkpoints", "connectivity", "data", "demo", "interpolation", "matching", "models", "symmetry", "symmetry_demo",
-        "training",
+        "checkpoints", "connectivity", "data", "demo", "interpolation", "matching", "models", "symmetry",
+        "symmetry_demo", "training",
     },
     "cli": {"adapters", "checkpoints", "commands", "data", "experiment", "matching"},
     "__main__": {"cli"},
