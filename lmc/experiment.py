@@ -23,14 +23,10 @@ A stage folder made with another configuration is never reused: the run stops an
 from __future__ import annotations
 
 import copy
-import csv
 import hashlib
-import io
 import json
 import logging
 import math
-import shutil
-import statistics
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -40,13 +36,12 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from lmc.checkpoints import atomic_write, atomic_write_json, atomic_write_text, load_weights
+from lmc.checkpoints import atomic_write, atomic_write_json, load_weights
 from lmc.connectivity import (
     CurveSplit,
     Evaluation,
     SweepHooks,
     check_curve_split,
-    curve_figure,
     data_identity,
     measure_connectivity,
     run_record,
@@ -54,6 +49,7 @@ from lmc.connectivity import (
 )
 from lmc.interpolation import evenly_spaced
 from lmc.matching import AlignOptions
+from lmc.summary import log_curves, summarize, summary_table, write_summary
 from lmc.symmetry import Scope
 
 log = logging.getLogger(__name__)
@@ -324,7 +320,7 @@ class Experiment:
         (stage.folder(self.root) / "stage.json").unlink(missing_ok=True)
         trainer, module, datamodule = self.instantiate(stage)
         trainer.fit(module, datamodule)
-        atomic_write(checkpoint, lambda path: trainer.save_checkpoint(path))
+        atomic_write(checkpoint, lambda path: trainer.save_checkpoint(path, weights_only=True))
         atomic_write_json(stage.folder(self.root) / "stage.json", {"key": stage.key, "name": stage.name})
         return checkpoint
 
@@ -380,143 +376,6 @@ class Experiment:
         write_summary(self.root, summary)
         log_curves(self.root / "tensorboard" / "lmc", pairs, summary)
         return summary
-
-
-# -- summary -----------------------------------------------------------------------------------
-
-_BARRIERS = ("loss_barrier", "accuracy_barrier", "loss_barrier_rebasin", "accuracy_barrier_rebasin")
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    """Mean, sample standard deviation (0 for one value), min and max."""
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan, "count": 0}
-    return {
-        "mean": statistics.fmean(finite),
-        "std": statistics.stdev(finite) if len(finite) > 1 else 0.0,
-        "min": min(finite),
-        "max": max(finite),
-        "count": len(finite),
-    }
-
-
-def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
-    """Mean and spread over pairs of every barrier and barrier ratio, per alignment."""
-    summary: dict[str, Any] = {"pairs": [f"{i}_{j}" for i, j in pairs], "alignments": {}}
-    for label in labels:
-        results = [pair[label] for pair in pairs.values()]
-        entry = {
-            curve: {name: spread([r["curves"][curve][name] for r in results]) for name in _BARRIERS}
-            for curve in ("naive", "aligned")
-        }
-        entry["barrier_ratio"] = {
-            name: spread([r["barrier_ratio"][name] for r in results]) for name in ("loss_barrier", "accuracy_barrier")
-        }
-        entry["per_pair"] = {
-            f"{i}_{j}": {
-                "naive": {name: pair[label]["curves"]["naive"][name] for name in _BARRIERS},
-                "aligned": {name: pair[label]["curves"]["aligned"][name] for name in _BARRIERS},
-                "barrier_ratio": pair[label]["barrier_ratio"],
-            }
-            for (i, j), pair in pairs.items()
-        }
-        entry["mean_curves"] = {
-            curve: _mean_curve([r["curves"][curve]["points"] for r in results]) for curve in ("naive", "aligned")
-        }
-        summary["alignments"][label] = entry
-    return summary
-
-
-def _mean_curve(curves: list[list[dict[str, float]]]) -> list[dict[str, float]]:
-    points = []
-    for index, point in enumerate(curves[0]):
-        row = {"alpha": point["alpha"]}
-        for name in ("loss", "accuracy"):
-            stats = spread([curve[index][name] for curve in curves])
-            row[name], row[f"{name}_std"] = stats["mean"], stats["std"]
-        points.append(row)
-    return points
-
-
-def _cell(stats: dict[str, float], digits: int = 3) -> str:
-    return f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}"
-
-
-def summary_table(summary: dict[str, Any]) -> str:
-    """The summary as a Markdown table: mean ± standard deviation over pairs."""
-    lines = [
-        f"Pairs of fine-tuned seeds: {len(summary['pairs'])}. Cells: mean ± standard deviation over pairs.",
-        "",
-        "| alignment | naive loss barrier | aligned loss barrier | loss ratio % | naive acc barrier "
-        "| aligned acc barrier | acc ratio % |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for label, entry in summary["alignments"].items():
-        naive, aligned, ratio = entry["naive"], entry["aligned"], entry["barrier_ratio"]
-        lines.append(
-            f"| {label} | {_cell(naive['loss_barrier'])} | {_cell(aligned['loss_barrier'])} "
-            f"| {_cell(ratio['loss_barrier'], 1)} | {_cell(naive['accuracy_barrier'])} "
-            f"| {_cell(aligned['accuracy_barrier'])} | {_cell(ratio['accuracy_barrier'], 1)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def write_summary(root: Path, summary: dict[str, Any]) -> None:
-    """``summary.json``, ``summary.csv`` (one row per pair and alignment), ``summary.md`` and figures."""
-    import matplotlib.pyplot as plt
-
-    atomic_write_json(root / "summary.json", summary)
-    rows = io.StringIO()
-    writer = csv.writer(rows)
-    writer.writerow(["alignment", "pair", "curve", *_BARRIERS])
-    for label, entry in summary["alignments"].items():
-        for pair, values in entry["per_pair"].items():
-            for curve in ("naive", "aligned"):
-                writer.writerow([label, pair, curve, *(f"{values[curve][name]:.8f}" for name in _BARRIERS)])
-    atomic_write_text(root / "summary.csv", rows.getvalue())
-    atomic_write_text(root / "summary.md", summary_table(summary))
-    for label, entry in summary["alignments"].items():
-        figure = band_figure(entry["mean_curves"], f"{label}: mean ± std over {len(summary['pairs'])} pairs")
-        atomic_write(root / f"summary_{label}.png", lambda p: figure.savefig(p, format="png", dpi=100))
-        plt.close(figure)
-
-
-def band_figure(mean_curves: dict[str, list[dict[str, float]]], title: str):
-    """Mean interpolation curves with a ±1 standard deviation band (a matplotlib figure)."""
-    figure = curve_figure({curve: {"points": points} for curve, points in mean_curves.items()}, title)
-    for axis, name in zip(figure.axes, ("loss", "accuracy")):
-        for curve, points in mean_curves.items():
-            alphas = [p["alpha"] for p in points]
-            low = [p[name] - p[f"{name}_std"] for p in points]
-            high = [p[name] + p[f"{name}_std"] for p in points]
-            axis.fill_between(alphas, low, high, alpha=0.2)
-    return figure
-
-
-def log_curves(folder: Path, pairs: dict[tuple[int, int], dict[str, Any]], summary: dict[str, Any]) -> None:
-    """TensorBoard scalars (step ``= 1000 * alpha``): every pair's curves, the mean curves with their
-    standard deviation, and the mean barrier ratios."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    shutil.rmtree(folder, ignore_errors=True)  # lmc's own folder: a rerun must not stack copies
-    writer = SummaryWriter(str(folder))
-    try:
-        for label, entry in summary["alignments"].items():
-            series = {f"pair_{i}_{j}": pair[label]["curves"] for (i, j), pair in pairs.items()}
-            series["mean"] = {curve: {"points": points} for curve, points in entry["mean_curves"].items()}
-            for name, curves in series.items():
-                for curve, data in curves.items():
-                    for point in data["points"]:
-                        for metric in ("loss", "accuracy", "loss_std", "accuracy_std"):
-                            if metric in point:
-                                step = round(1000 * point["alpha"])
-                                writer.add_scalar(f"{label}/{name}/{curve}/{metric}", point[metric], step)
-            for name, stats in entry["barrier_ratio"].items():
-                writer.add_scalar(f"{label}/barrier_ratio/{name}_mean", stats["mean"], 0)
-                writer.add_scalar(f"{label}/barrier_ratio/{name}_std", stats["std"], 0)
-    finally:
-        writer.close()
 
 
 def run(cli, report: Callable[[str], None] = print) -> dict[str, Any]:

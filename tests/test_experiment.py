@@ -12,6 +12,7 @@ import yaml
 
 import lmc.experiment
 from lmc.cli import main
+from lmc.connectivity import BARRIERS
 from lmc.experiment import Protocol, alignment_labels, spread, summarize
 from lmc.matching import AlignOptions
 
@@ -152,7 +153,7 @@ def test_summary_statistics_by_hand():
     assert spread([float("nan")])["count"] == 0
     curve = [{"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, {"alpha": 1.0, "loss": 3.0, "accuracy": 0.7}]
     result = {
-        "curves": {c: {"points": curve, **dict.fromkeys(lmc.experiment._BARRIERS, 1.0)} for c in ("naive", "aligned")},
+        "curves": {c: {"points": curve, **dict.fromkeys(BARRIERS, 1.0)} for c in ("naive", "aligned")},
         "barrier_ratio": {"loss_barrier": 50.0, "accuracy_barrier": 25.0},
     }
     summary = summarize({(0, 1): {"full": result}, (0, 2): {"full": result}}, ["full"])

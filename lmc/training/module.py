@@ -27,7 +27,7 @@ from torchmetrics import MeanMetric
 from lmc.adapters import adapter_for, scope_parameters
 from lmc.checkpoints import CheckpointError, atomic_write, load_weights, read_checkpoint
 from lmc.models import create_model
-from lmc.symmetry import SCOPES, Scope
+from lmc.symmetry import Scope, check_scope
 from lmc.tasks import DataInfo
 
 
@@ -63,8 +63,8 @@ class LMCModule(L.LightningModule):
         warmup_steps: int = 0,
     ):
         super().__init__()
-        if reinit is not None and reinit not in SCOPES:
-            raise ValueError(f"reinit={reinit!r}; choose None (pre-training) or one of {', '.join(SCOPES)}")
+        if reinit is not None:
+            check_scope(reinit)
         if reinit is not None and reinit != "full_model" and pretrained is None:
             raise ValueError(f"reinit={reinit!r} fine-tunes a pre-trained model: set pretrained to its checkpoint")
         self.save_hyperparameters()

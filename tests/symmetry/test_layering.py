@@ -24,7 +24,10 @@ ALLOWED = {
     "interpolation": {"checkpoints"},
     "connectivity": {"checkpoints", "interpolation", "matching"},
     "training": {"adapters", "checkpoints", "models", "symmetry", "tasks"},
-    "experiment": {"checkpoints", "connectivity", "interpolation", "matching", "symmetry", "data", "training"},
+    "summary": {"checkpoints", "connectivity"},
+    "experiment": {
+        "checkpoints", "connectivity", "data", "interpolation", "matching", "summary", "symmetry", "training",
+    },
     "symmetry_demo": {"adapters", "models", "symmetry"},
     "demo": {"experiment"},
     "commands": {

@@ -99,7 +99,7 @@ def test_same_seed_reinitializes_identically(pretrained_checkpoints):
 
 
 def test_bad_configuration_is_refused(pretrained_checkpoints):
-    with pytest.raises(ValueError, match="reinit=.first_layer.; choose None"):
+    with pytest.raises(ValueError, match="unknown scope 'first_layer'; choose one of first_attention"):
         LMCModule("vit-tiny", reinit="first_layer")
     with pytest.raises(ValueError, match="set pretrained to its checkpoint"):
         LMCModule("vit-tiny", reinit="first_attention")
