@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -36,6 +37,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from lmc.adapters import model_spec
 from lmc.checkpoints import atomic_write, atomic_write_json, load_weights
 from lmc.connectivity import (
     CurveSplit,
@@ -49,7 +51,7 @@ from lmc.connectivity import (
 )
 from lmc.interpolation import evenly_spaced
 from lmc.matching import AlignOptions
-from lmc.summary import log_curves, summarize, summary_table, write_summary
+from lmc.summary import HEAD_ORDERS, log_curves, summarize, summarize_head_orders, summary_table, write_summary
 from lmc.symmetry import Scope
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,9 @@ class Protocol:
         num_alphas: Points on each interpolation curve.
         split: Where the curves are measured.
         eval_batch_size: Evaluation batch size (``None``: the DataModule's).
+        head_orders: Also align every pair with each order of the first attention layer's heads,
+            each followed by the full Stage 2, to rank the order each alignment picks and report
+            ``L_hat`` (the paper's Table 1; ``h!`` more sweeps per pair, at most 6 heads).
         overwrite: Recompute stages whose folder holds results of another configuration.
     """
 
@@ -112,6 +117,7 @@ class Protocol:
     num_alphas: int = 25
     split: CurveSplit = "val"
     eval_batch_size: int | None = None
+    head_orders: bool = False
     overwrite: bool = False
 
     def __post_init__(self):
@@ -141,6 +147,20 @@ def alignment_labels(alignments: list[AlignOptions]) -> list[str]:
         changed = [f"{k}={v}" for k, v in asdict(options).items() if k != "method" and v != default[k]]
         labels.append("-".join([options.method, *changed]))
     return labels
+
+
+def head_orders(layer) -> list[tuple[int, ...]]:
+    """Every order of a layer's query heads that keeps each with its key/value head (``h!`` without GQA)."""
+    if layer.num_heads > 6:
+        raise RunError(
+            f"protocol.head_orders scores all {layer.num_heads}! head orders of {layer.name}: use at most 6 heads"
+        )
+    q = layer.queries_per_kv
+    return [
+        order
+        for order in itertools.permutations(range(layer.num_heads))
+        if all(len({head // q for head in order[g : g + q]}) == 1 for g in range(0, layer.num_heads, q))
+    ]
 
 
 def _key(*parts: object) -> str:
@@ -342,16 +362,26 @@ class Experiment:
             data_identity(datamodule),
             {k: module.hparams.get(k) for k in ("model", "model_config")},
         )
-        results = {}
-        for label, options in zip(alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options):
-            folder = self.root / "pairs" / f"{i}_{j}" / label
+        pair = self.root / "pairs" / f"{i}_{j}"
+
+        def sweep(options: AlignOptions, folder: Path) -> dict[str, Any]:
             hooks = SweepHooks(state_path=folder / "lmc_sweep_state_0.json")
             result = measure_connectivity(
                 module.model, reference, self.protocol.reinit, options, alphas, evaluation, hooks
             )
             record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
             write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}})
-            results[label] = result
+            return result
+
+        labels, alignments = alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options
+        results = {label: sweep(options, pair / label) for label, options in zip(labels, alignments)}
+        if self.protocol.head_orders:
+            results[HEAD_ORDERS] = {
+                "".join(map(str, order)): sweep(
+                    AlignOptions(head_orders={0: list(order)}), pair / "orders" / "".join(map(str, order))
+                )
+                for order in head_orders(model_spec(module.model).attention[0])
+            }
         return results
 
     def run(self) -> dict[str, Any]:
@@ -372,6 +402,8 @@ class Experiment:
             for j in range(i + 1, protocol.seeds):
                 pairs[(i, j)] = self.sweep_pair(stages, checkpoints, i, j)
         summary = summarize(pairs, alignment_labels(protocol.alignment_options))
+        if protocol.head_orders:
+            summary["head_orders"] = summarize_head_orders(pairs, alignment_labels(protocol.alignment_options))
         summary["protocol"] = {"output_dir": str(self.root), "reinit": protocol.reinit, "seeds": protocol.seeds}
         write_summary(self.root, summary)
         log_curves(self.root / "tensorboard" / "lmc", pairs, summary)

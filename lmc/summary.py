@@ -17,6 +17,9 @@ from typing import Any
 from lmc.checkpoints import atomic_write, atomic_write_json, atomic_write_text
 from lmc.connectivity import BARRIERS, curve_figure
 
+#: Key of a pair's head-order sweeps (order label -> result) beside its alignments' results.
+HEAD_ORDERS = "head_orders"
+
 
 def spread(values: list[float]) -> dict[str, float]:
     """Mean, sample standard deviation (0 for one value), min and max."""
@@ -30,6 +33,65 @@ def spread(values: list[float]) -> dict[str, float]:
         "max": max(finite),
         "count": len(finite),
     }
+
+
+def rank_and_l_hat(order_barriers: dict[str, float], chosen: str, method: float, naive: float) -> tuple[int, float]:
+    """The rank of the chosen head order among all orders, and ``L_hat`` of a method (SPEC section 4).
+
+    Args:
+        order_barriers: Barrier of each head order, each followed by the full Stage 2.
+        chosen: The order the method's Stage 1 picked (a key of ``order_barriers``).
+        method: The method's own barrier.
+        naive: The naive barrier.
+
+    Returns:
+        ``(rank, L_hat)``: 1 for the best order (ties share the better rank), and
+        ``(method - L_top1) / (naive - L_top1) * 100`` with ``L_top1`` the best order's barrier
+        (NaN when the naive barrier is no worse than the best order's).
+    """
+    rank = 1 + sum(barrier < order_barriers[chosen] for barrier in order_barriers.values())
+    top1 = min(order_barriers.values())
+    l_hat = 100.0 * (method - top1) / (naive - top1) if naive > top1 else math.nan
+    return rank, l_hat
+
+
+def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
+    """Per alignment: its Stage 1 order's rank among all head orders of the first attention layer,
+    ``L_hat`` for the loss and accuracy barriers, mean and spread over pairs (the paper's Table 1)."""
+    study: dict[str, Any] = {"orders": len(next(iter(pairs.values()))[HEAD_ORDERS]), "alignments": {}}
+    for label in labels:
+        per_pair = {}
+        for (i, j), pair in pairs.items():
+            result, orders = pair[label], pair[HEAD_ORDERS]
+            attention = [layer for layer in result["alignment"]["layers"] if layer["kind"] == "attention"]
+            if not attention:  # naive: no head order
+                continue
+            chosen = "".join(map(str, attention[0]["assignment"]))
+            entry = {"order": chosen}
+            for name in ("loss_barrier", "accuracy_barrier"):
+                barriers = {order: r["curves"]["aligned"][name] for order, r in orders.items()}
+                rank, l_hat = rank_and_l_hat(
+                    barriers, chosen, result["curves"]["aligned"][name], result["curves"]["naive"][name]
+                )
+                entry[name] = {
+                    "rank": rank,
+                    "l_hat": l_hat,
+                    "top1": min(barriers.values()),
+                    "best_order": min(barriers, key=barriers.get),
+                }
+            per_pair[f"{i}_{j}"] = entry
+        if per_pair:
+            study["alignments"][label] = {
+                "per_pair": per_pair,
+                **{
+                    name: {
+                        "rank": spread([float(e[name]["rank"]) for e in per_pair.values()]),
+                        "l_hat": spread([e[name]["l_hat"] for e in per_pair.values()]),
+                    }
+                    for name in ("loss_barrier", "accuracy_barrier")
+                },
+            }
+    return study
 
 
 def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
@@ -90,6 +152,22 @@ def summary_table(summary: dict[str, Any]) -> str:
             f"| {_cell(ratio['loss_barrier'], 1)} | {_cell(naive['accuracy_barrier'])} "
             f"| {_cell(aligned['accuracy_barrier'])} | {_cell(ratio['accuracy_barrier'], 1)} |"
         )
+    study = summary.get(HEAD_ORDERS)
+    if study:
+        lines += [
+            "",
+            f"Head orders of the first attention layer: all {study['orders']}, each followed by the full Stage 2. "
+            "Rank 1 is the order with the lowest barrier; L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100.",
+            "",
+            "| alignment | rank (loss) | L_hat loss % | rank (accuracy) | L_hat accuracy % |",
+            "|---|---|---|---|---|",
+        ]
+        for label, entry in study["alignments"].items():
+            loss, accuracy = entry["loss_barrier"], entry["accuracy_barrier"]
+            lines.append(
+                f"| {label} | {_cell(loss['rank'], 1)} | {_cell(loss['l_hat'], 1)} "
+                f"| {_cell(accuracy['rank'], 1)} | {_cell(accuracy['l_hat'], 1)} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -13,8 +13,9 @@ import yaml
 import lmc.experiment
 from lmc.cli import main
 from lmc.connectivity import BARRIERS
-from lmc.experiment import Protocol, alignment_labels, spread, summarize
+from lmc.experiment import Protocol, alignment_labels
 from lmc.matching import AlignOptions
+from lmc.summary import rank_and_l_hat, spread, summarize
 
 
 def _config(tmp_path, **protocol) -> str:
@@ -159,3 +160,34 @@ def test_summary_statistics_by_hand():
     summary = summarize({(0, 1): {"full": result}, (0, 2): {"full": result}}, ["full"])
     assert summary["alignments"]["full"]["barrier_ratio"]["loss_barrier"]["mean"] == 50.0
     assert summary["alignments"]["full"]["mean_curves"]["naive"][1]["loss"] == 3.0
+
+
+def test_rank_and_l_hat_by_hand():
+    barriers = {"0123": 0.50, "1023": 0.20, "0132": 0.20, "3210": 0.90}
+    # The chosen order ties for the best barrier: rank 1; the method matches L_top1: L_hat 0.
+    assert rank_and_l_hat(barriers, "0132", method=0.20, naive=1.0) == (1, 0.0)
+    # Two orders are strictly better than 0.50: rank 3; (0.40 - 0.20) / (1.00 - 0.20) = 25 %.
+    assert rank_and_l_hat(barriers, "0123", method=0.40, naive=1.0) == (3, pytest.approx(25.0))
+    assert rank_and_l_hat(barriers, "3210", method=0.90, naive=0.90)[0] == 4
+    assert math.isnan(rank_and_l_hat(barriers, "0123", method=0.3, naive=0.1)[1])  # naive below L_top1
+
+
+@pytest.mark.slow
+def test_head_orders_rank_every_order_of_the_first_layer(tmp_path):
+    config = _config(tmp_path, seeds=2, num_alphas=2, head_orders=True, alignments=[{"method": "full"}])
+    main(["run", "--config", config])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    study = summary["head_orders"]
+    assert study["orders"] == 24  # 4 heads
+    (entry,) = study["alignments"]["full"]["per_pair"].values()
+    orders = sorted(p.name for p in (tmp_path / "run" / "pairs" / "0_1" / "orders").iterdir())
+    assert len(orders) == 24 and entry["order"] in orders
+    barriers = {}
+    for order in orders:
+        result = json.loads((tmp_path / "run" / "pairs" / "0_1" / "orders" / order / "lmc_results.json").read_text())
+        (reference,) = result["references"].values()
+        assert reference["alignment"]["layers"][0]["assignment"] == [int(h) for h in order]  # the imposed order
+        barriers[order] = reference["curves"]["aligned"]["loss_barrier"]
+    assert entry["loss_barrier"]["top1"] == min(barriers.values())
+    assert entry["loss_barrier"]["rank"] == 1 + sum(b < barriers[entry["order"]] for b in barriers.values())
+    assert "| full |" in (tmp_path / "run" / "summary.md").read_text().split("Head orders")[1]

@@ -257,7 +257,8 @@ class _Aligner:
         start = time.perf_counter()
         cost = head_cost(grams, layer, self.options)
         self.require_finite(bool(torch.isfinite(cost).all()), f"{layer.name}: the Stage 1 head cost")
-        match, kv_match = assign_heads(cost, layer.queries_per_kv)
+        order = (self.options.head_orders or {}).get(index)
+        match, kv_match = assign_heads(cost, layer.queries_per_kv) if order is None else imposed_order(order, layer)
         seconds["stage1"] = time.perf_counter() - start
         return grams, cost, match, kv_match, seconds
 
@@ -330,6 +331,18 @@ class _Aligner:
         self.report.layers.append(
             LayerAlignment(name, kind, torch.argsort(perm).tolist(), distance=distance, seconds={"match": seconds})
         )
+
+
+def imposed_order(order: list[int], layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(match, kv_match)`` of a given head order, refused unless it keeps query heads with their KV head."""
+    q = layer.queries_per_kv
+    match = torch.as_tensor(order)
+    if len(order) != layer.num_heads:
+        raise AlignmentError(f"{layer.name}: a head order needs {layer.num_heads} entries, got {len(order)}")
+    groups = match.view(-1, q) // q
+    if not bool((groups == groups[:, :1]).all()):
+        raise AlignmentError(f"{layer.name}: head order {order} splits the query heads of a key/value head")
+    return match, groups[:, 0].clone()
 
 
 def _residual_axes(spec: SymmetrySpec) -> tuple[list, list]:

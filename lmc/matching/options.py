@@ -62,6 +62,11 @@ class AlignOptions:
     the source instead of copying them (they are unchanged by construction). ``False`` returns a
     fully independent copy."""
 
+    head_orders: dict[int, list[int]] | None = None
+    """Head orders to impose instead of Stage 1's: attention layer index (0 = the first) -> the
+    target head of each source query head. Stage 2 then runs on that order, which is how every
+    head order of a layer is scored against the one Stage 1 picks (the paper's Table 1)."""
+
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
@@ -75,6 +80,9 @@ class AlignOptions:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if not (isinstance(self.tolerance, int | float) and 0 <= self.tolerance < math.inf):
             raise ValueError(f"tolerance must be a finite number >= 0, got {self.tolerance!r}")
+        for layer, order in (self.head_orders or {}).items():
+            if sorted(order) != list(range(len(order))):
+                raise ValueError(f"head_orders[{layer}] = {order} is not a permutation of 0..{len(order) - 1}")
         if self.check_rtol is not None and not (
             isinstance(self.check_rtol, int | float) and 0 <= self.check_rtol < math.inf
         ):

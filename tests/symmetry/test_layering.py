@@ -26,7 +26,8 @@ ALLOWED = {
     "training": {"adapters", "checkpoints", "models", "symmetry", "tasks"},
     "summary": {"checkpoints", "connectivity"},
     "experiment": {
-        "checkpoints", "connectivity", "data", "interpolation", "matching", "summary", "symmetry", "training",
+        "adapters", "checkpoints", "connectivity", "data", "interpolation", "matching", "summary", "symmetry",
+        "training",
     },
     "symmetry_demo": {"adapters", "models", "symmetry"},
     "demo": {"experiment"},
