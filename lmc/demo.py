@@ -5,7 +5,8 @@ first-attention-layer re-initialization), ``lmc run``'s protocol (:mod:`lmc.expe
 pre-train on half A of the digits' training split, fine-tune seeds on half B with the first
 attention layer re-initialized and everything else frozen, align every pair of seeds and sweep
 25 interpolation points, naive and aligned, on the validation split. The same settings are
-``configs/experiment/digits_vit_{ape,rope}.yaml`` with ``protocol`` below.
+``configs/experiment/digits_vit_{ape,rope}.yaml`` with ``configs/protocol/main_job.yaml``
+(``tests/test_demo.py`` checks that they agree).
 """
 
 from __future__ import annotations

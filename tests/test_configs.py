@@ -17,7 +17,7 @@ CONFIGS = Path(__file__).parents[1] / "configs"
 #: One group each (``--model FILE``, or ``model: ../model/FILE`` in an experiment).
 GROUP_FILES = ("model", "data", "trainer")
 #: Fragments of whole configs (``--config FILE``).
-FRAGMENTS = ("callbacks", "reinit", "experiment", "debug")
+FRAGMENTS = ("callbacks", "reinit", "protocol", "experiment", "debug")
 ALL = sorted(CONFIGS.rglob("*.yaml"))
 EXPERIMENTS = sorted((CONFIGS / "experiment").glob("*.yaml"))
 FAST = str(CONFIGS / "debug" / "fast.yaml")

@@ -28,3 +28,32 @@ def test_main_job_aligns_trained_pairs_below_their_naive_barrier(tmp_path, capsy
         assert math.isfinite(ratio["mean"]) and ratio["count"] == len(entry["per_pair"])
         assert f"{ratio['mean']:6.1f} ± {ratio['std']:5.1f}" in output  # the printed table carries each ratio
     assert "TensorBoard logs" in output
+
+
+def test_the_main_job_is_the_digits_experiments_with_the_main_job_protocol(tmp_path):
+    from pathlib import Path
+
+    from lmc.experiment import lightning_cli
+
+    configs = Path(__file__).parents[1] / "configs"
+    for label, name in (("APE", "digits_vit_ape"), ("RoPE", "digits_vit_rope")):
+        config = demo.experiment_config(label, tmp_path, (demo.PRETRAIN_EPOCHS, demo.FINETUNE_EPOCHS))
+        main_job = lightning_cli(["--config", json.dumps(config)], run=False).config
+        from_yaml = lightning_cli(
+            [
+                "--config", str(configs / "experiment" / f"{name}.yaml"),
+                "--config", str(configs / "protocol" / "main_job.yaml"),
+                f"--protocol.output_dir={tmp_path / label}", f"--protocol.seeds={demo.SEEDS}",
+            ],
+            run=False,
+        ).config  # fmt: skip
+        for group in ("model", "data", "protocol"):
+            assert _settings(main_job[group]) == _settings(from_yaml[group]), group
+        assert main_job.seed_everything == from_yaml.seed_everything
+        for setting in ("accelerator", "devices", "max_epochs", "precision", "deterministic"):
+            assert main_job.trainer[setting] == from_yaml.trainer[setting] or setting == "max_epochs", setting
+
+
+def _settings(namespace) -> dict:
+    """A parsed group's values, without jsonargparse's record of the file they came from."""
+    return {k: v for k, v in namespace.as_dict().items() if k != "__path__"}

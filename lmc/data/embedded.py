@@ -42,7 +42,7 @@ class Digits(LMCDataModule):
 
     def __init__(
         self,
-        batch_size: int = 64,
+        batch_size: int = 32,
         num_workers: int = 0,
         part: Part = "all",
         seed: int = 0,
