@@ -30,7 +30,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from lmc.interpolation import evenly_spaced
 from lmc.matching import AlignOptions
 from lmc.summary import HEAD_ORDERS, log_curves, summarize, summarize_head_orders, summary_table, write_summary
 from lmc.symmetry import Scope
+from lmc.tasks import DataInfo
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ class _Stage:
         return self.folder(root) / "final.ckpt"
 
 
-def data_info(data) -> Any:
+def data_info(data) -> DataInfo:
     """What a DataModule tells the model about itself (linked into ``model.data``)."""
     return data.info
 
@@ -230,7 +231,7 @@ def lightning_cli(args: list[str] | None = None, run: bool = True):
             parser.link_arguments("data", "model.data", compute_fn=data_info, apply_on="instantiate")
             parser.add_class_arguments(Protocol, "protocol", instantiate=True)
 
-    with _program_arguments_only() if args is not None else _no_op():
+    with _program_arguments_only() if args is not None else nullcontext():
         return LMCLightningCLI(
             LMCModule,
             LMCDataModule,
@@ -241,11 +242,6 @@ def lightning_cli(args: list[str] | None = None, run: bool = True):
             run=run,
             auto_configure_optimizers=False,
         )
-
-
-@contextmanager
-def _no_op():
-    yield
 
 
 class Experiment:

@@ -27,7 +27,7 @@ ALLOWED = {
     "summary": {"checkpoints", "connectivity"},
     "experiment": {
         "adapters", "checkpoints", "connectivity", "data", "interpolation", "matching", "summary", "symmetry",
-        "training",
+        "tasks", "training",
     },
     "symmetry_demo": {"adapters", "models", "symmetry"},
     "demo": {"experiment"},
