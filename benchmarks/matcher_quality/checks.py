@@ -1,5 +1,8 @@
 """Exactness checks on trained pairs (float64): Stage 2 gradient, invariance of Stage 1 costs, the visible subspace.
 
+Reads seeds 0 and 1 and the pre-trained model of each positional encoding (``lmc run``'s
+checkpoints under ``--runs``, README: Reproduce).
+
 Usage: python -m benchmarks.matcher_quality.checks --runs runs/matcher_quality
 """
 
@@ -10,18 +13,21 @@ import json
 
 import torch
 
-from benchmarks.matcher_quality.study import Evaluator, build, complex_pair_cost, project_inputs, visible_projector
-from lmc.matching.attention import (
-    LayerGrams,
-    Stage2Options,
-    assign_heads,
-    attention_stages,
-    head_cost,
-    orthogonal_start,
-    refine,
-    stage2_problems,
+from benchmarks.matcher_quality.study import (
+    PES,
+    Evaluator,
+    build,
+    complex_pair_cost,
+    load_run,
+    project_inputs,
+    visible_projector,
 )
-from lmc.symmetry import ModelTransform, model_spec, qk_group, sample_attention_transform, vo_group
+from lmc.adapters import model_spec
+from lmc.matching import AlignOptions
+from lmc.matching.grams import LayerGrams
+from lmc.matching.heads import assign_heads, head_cost
+from lmc.matching.stage2 import attention_stages, orthogonal_start, refine, stage2_problems
+from lmc.symmetry import ModelTransform, qk_group, sample_attention_transform, vo_group
 
 
 def gradient_check(problem, group, c: torch.Tensor) -> dict[str, float]:
@@ -46,14 +52,14 @@ def gradient_check(problem, group, c: torch.Tensor) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", default="runs/matcher_quality")
+    parser.add_argument("--runs", default="runs/matcher_quality", help="lmc run output folders: <runs>/<pe>/seed<k>")
+    parser.add_argument("--out", default="benchmarks/matcher_quality/results/checks.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = {}
-    for pe in ("learned", "rope"):
-        states = [torch.load(f"{args.runs}/{pe}/seed{s}.pt") for s in (0, 1)]
-        pretrained = build(pe, torch.load(f"{args.runs}/{pe}/pretrained.pt"), torch.float64)
-        models = [build(pe, s, torch.float64) for s in states]
+    for pe in PES:
+        pretrained = build(*load_run(args.runs, pe, "pretrain"), torch.float64)
+        models = [build(*load_run(args.runs, pe, f"seed{s}"), torch.float64) for s in (0, 1)]
         spec = model_spec(models[0])
         layer = spec.blocks[0].attention
         target, source = ({n: p.detach().clone() for n, p in m.named_parameters()} for m in models)
@@ -93,14 +99,14 @@ def main() -> None:
 
         # 2. Stage 2 gradients on this trained pair, at the orthogonal start and at the refined point.
         grams = LayerGrams.compute(source, target, layer)
-        match, kv_match = assign_heads(head_cost(grams, layer, "invariant", False, Stage2Options()), 1)
+        match, kv_match = assign_heads(head_cost(grams, layer, AlignOptions(metric="invariant")), 1)
         problems = stage2_problems(grams, layer, match, kv_match)
         groups = (qk_group(layer), vo_group(layer))
         checks = {}
         for name, problem, group in zip(("qk", "vo"), problems, groups):
             start = orthogonal_start(problem, group)
-            (refined,) = refine([problem], [group], [start], Stage2Options())
-            (long,) = refine([problem], [group], [start], Stage2Options(steps=1000))
+            (refined,) = refine([problem], [group], [start], AlignOptions())
+            (long,) = refine([problem], [group], [start], AlignOptions(steps=1000))
             checks[name] = {
                 "at_orthogonal": gradient_check(problem, group, start),
                 "at_refined": gradient_check(problem, group, refined),
@@ -114,7 +120,7 @@ def main() -> None:
         result["stage2_gradient"] = checks
 
         # The full two-stage element is a symmetry of the source: logits unchanged (float64).
-        stages = attention_stages(grams, layer, match, kv_match, "full", Stage2Options())
+        stages = attention_stages(grams, layer, match, kv_match, "full", AlignOptions())
         aligned = {n: t.clone() for n, t in source.items()}
         ModelTransform(attention={0: stages["full"]}).apply_(aligned, spec)
         with torch.no_grad():
@@ -135,22 +141,22 @@ def main() -> None:
         ModelTransform(attention={0: element}).apply_(moved, spec)
         grams_moved = LayerGrams.compute(moved, target, layer)
         invariance = {}
-        for metric, refine_candidates in (("invariant", False), ("correlation", False), ("weight", True)):
-            before = head_cost(grams, layer, metric, refine_candidates, Stage2Options())
-            after = head_cost(grams_moved, layer, metric, refine_candidates, Stage2Options())
-            invariance[metric + ("_refined" if refine_candidates else "")] = float(
-                (after - before).abs().max() / before.abs().max()
-            )
-        before = head_cost(grams, layer, "weight", False, Stage2Options())
-        after = head_cost(grams_moved, layer, "weight", False, Stage2Options())
-        invariance["weight_orthogonal_only"] = float((after - before).abs().max() / before.abs().max())
+        # ``weight`` refines each candidate pair (method full, the default); ``orthogonal`` stops at the start.
+        for label, options in (
+            ("invariant", AlignOptions(metric="invariant")),
+            ("correlation", AlignOptions(metric="correlation")),
+            ("weight_refined", AlignOptions(metric="weight")),
+            ("weight_orthogonal_only", AlignOptions(metric="weight", method="orthogonal")),
+        ):
+            before, after = head_cost(grams, layer, options), head_cost(grams_moved, layer, options)
+            invariance[label] = float((after - before).abs().max() / before.abs().max())
         if pe == "rope":
             before, after = complex_pair_cost(source, target, layer), complex_pair_cost(moved, target, layer)
             invariance["complex_pair_qk"] = float((after - before).abs().max() / before.abs().max())
         result["cost_invariance_rel_change"] = invariance
         out[pe] = result
         print(pe, json.dumps(result, indent=1), flush=True)
-    with open("benchmarks/matcher_quality/results/checks.json", "w") as f:
+    with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
 
 

@@ -5,13 +5,12 @@ run the refinement with ``steps = k`` and record the squared distance (all weigh
 visible to the function) and the loss gap at alpha = 0.5 (a lower bound of the barrier, equal
 to it on the aligned curves measured here in most pairs).
 
-Usage: python -m benchmarks.matcher_quality.path --pe learned --seeds 5
+Usage: python -m benchmarks.matcher_quality.path --pe learned --seeds 5 [--pairs 0-1 ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 from pathlib import Path
 
@@ -23,12 +22,18 @@ from benchmarks.matcher_quality.study import (
     Evaluator,
     aligned_weights,
     build,
+    chosen_pairs,
+    load_run,
+    pair_arguments,
     project_inputs,
     visible_projector,
 )
+from lmc.adapters import model_spec, scope_parameters
 from lmc.data import Digits
-from lmc.matching.attention import LayerGrams, Stage2Options, assign_heads, attention_stages, head_cost
-from lmc.symmetry import model_spec, scope_parameters
+from lmc.matching import AlignOptions
+from lmc.matching.grams import LayerGrams
+from lmc.matching.heads import assign_heads, head_cost
+from lmc.matching.stage2 import attention_stages
 
 STEPS = (0, 2, 5, 30)
 
@@ -59,22 +64,20 @@ def data_weighted(params: dict, root: torch.Tensor, prefix: str = "blocks.0.attn
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", default="runs/matcher_quality")
-    parser.add_argument("--pe", default="learned")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--results", default="benchmarks/matcher_quality/results")
+    pair_arguments(parser)
+    parser.add_argument("--results", default="benchmarks/matcher_quality/results", help="the study's per-pair JSON")
     args = parser.parse_args()
+    pairs = chosen_pairs(parser, args)
     torch.set_num_threads(1)
-    folder = Path(args.runs) / args.pe
-    states = [torch.load(folder / f"seed{s}.pt") for s in range(args.seeds)]
-    models64 = [build(args.pe, s, torch.float64) for s in states]
+    hyperparameters, states = zip(*(load_run(args.runs, args.pe, f"seed{s}") for s in range(args.seeds)))
+    models64 = [build(h, s, torch.float64) for h, s in zip(hyperparameters, states)]
     spec = model_spec(models64[0])
     layer = spec.blocks[0].attention
     names = scope_parameters(models64[0], "first_attention", spec)
     output = {}
-    for i, j in itertools.combinations(range(args.seeds), 2):
+    for i, j in pairs:
         record = json.loads((Path(args.results) / f"{args.pe}_{i}_{j}.json").read_text())
-        target = build(args.pe, states[i], torch.float32)
+        target = build(hyperparameters[i], states[i], torch.float32)
         evaluator = Evaluator(target, names)
         start = evaluator({n: p.detach() for n, p in target.named_parameters()})
         target64 = {n: p.detach() for n, p in models64[i].named_parameters()}
@@ -99,7 +102,7 @@ def main() -> None:
             for fit, grams in (("all", all_grams), ("visible", visible_grams), ("data", data_grams)):
                 series = []
                 for steps in STEPS:
-                    options = Stage2Options(steps=steps)
+                    options = AlignOptions(steps=steps)
                     t = attention_stages(grams, layer, match, match, "full", options)["full"]
                     weights = aligned_weights(source64, spec, 0, t, names)
                     gap = Curve(evaluator, target32, weights, {0: start, 24: end}).mid_gap()[0]
@@ -122,12 +125,12 @@ def main() -> None:
         gaps = [o["full_mid_gap"][0] for o in record["orders"]]
         pipeline = {}
         for metric in ("invariant", "weight"):
-            match, _ = assign_heads(head_cost(data_grams, layer, metric, metric == "weight", Stage2Options()), 1)
+            match, _ = assign_heads(head_cost(data_grams, layer, AlignOptions(metric=metric)), 1)
             index = next(k for k, o in enumerate(ORDERS) if torch.equal(o, match))
             pipeline[f"{metric}_order"] = index
             pipeline[f"{metric}_midgap_rank"] = 1 + sum(g < gaps[index] for g in gaps)
         match = ORDERS[pipeline["invariant_order"]]
-        for stage, t in attention_stages(data_grams, layer, match, match, "full", Stage2Options()).items():
+        for stage, t in attention_stages(data_grams, layer, match, match, "full", AlignOptions()).items():
             c = Curve(evaluator, target32, aligned_weights(source64, spec, 0, t, names), {0: start, 24: end})
             pipeline[stage] = 100 * c.full()["loss_barrier"] / naive
         rows["data_pipeline"] = pipeline

@@ -1,43 +1,51 @@
 """Matcher quality on trained pairs: every variant, every head order, Stage 2 diagnostics.
 
-For each positional encoding and each pair of fine-tuned seeds (target = lower seed, source =
-higher seed, as ``align(source=seed j, target=seed i)``): barriers of naive, Stage 1 only
+For each positional encoding and each pair ``i-j`` of fine-tuned seeds (target = lower seed ``i``,
+source = higher seed ``j``, as ``align(source=seed j, target=seed i)``; ``lmc run`` names its
+pair ``i_j`` the other way round, source ``i`` and target ``j``): barriers of naive, Stage 1 only
 (per metric), orthogonal start and full Stage 2, and of all 24 head orders each followed by the
 orthogonal start and by full Stage 2. Interpolations run on the validation split, 25 alphas.
+The seeds are ``lmc run``'s checkpoints ``<runs>/<pe>/seed<k>/final.ckpt`` (README: Reproduce).
 
 Cost control (exact, not an approximation): a curve's barrier is at least its gap at the
 midpoint (alpha = 0.5 is one of the 25 points), so an order whose midpoint gap already
 exceeds a barrier cannot beat it. The 24 orders are evaluated at the midpoint first and full
 curves are computed only for those that could be top-1 or could rank above a method's order.
 
-Usage: python -m benchmarks.matcher_quality.study --pe learned --seeds 5
+Usage: python -m benchmarks.matcher_quality.study --pe learned --seeds 5 [--pairs 0-1 ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-import lmc.matching.attention as attention
+from lmc.adapters import model_spec, scope_parameters
 from lmc.data import Digits
-from lmc.demo import MODEL, POSITIONAL_ENCODINGS
 from lmc.interpolation import barriers, evenly_spaced
-from lmc.matching.attention import LayerGrams, Stage2Options, assign_heads, attention_stages, head_cost
+from lmc.matching import AlignOptions, stage2  # stage2: its least-squares starts are switched off once below
+from lmc.matching.grams import LayerGrams
+from lmc.matching.heads import assign_heads, head_cost, invariant_products
+from lmc.matching.stage2 import attention_stages, stage_distances
 from lmc.models import create_model
-from lmc.symmetry import ModelTransform, model_spec, read_attention, scope_parameters, transform_attention
+from lmc.symmetry import ModelTransform, read_attention, transform_attention
+from lmc.tasks import DataInfo
+from lmc.training.module import load_trained
 
 ALPHAS = evenly_spaced(25)
 MID = 12
 ORDERS = [torch.tensor(o) for o in itertools.permutations(range(4))]
 METRICS = ("invariant", "weight", "correlation")
-PE_CONFIG = {c["pe"]: c for c in POSITIONAL_ENCODINGS.values()}
+PES = ("learned", "rope")  # folder names under --runs, and the checkpoints' model_config["pe"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -45,8 +53,22 @@ PE_CONFIG = {c["pe"]: c for c in POSITIONAL_ENCODINGS.values()}
 # ------------------------------------------------------------------------------------------
 
 
-def build(pe: str, state: dict, dtype: torch.dtype) -> torch.nn.Module:
-    model = create_model("reference-vit", dtype=dtype, data=Digits().describe(), **MODEL, **PE_CONFIG[pe])
+def load_run(runs: str | Path, pe: str, stage: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Hyper-parameters and backbone weights of ``lmc run``'s ``<runs>/<pe>/<stage>/final.ckpt``."""
+    path = Path(runs) / pe / stage / "final.ckpt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: train the pairs first (README: Reproduce)")
+    module, hyperparameters = load_trained(path)
+    found = (hyperparameters.get("model_config") or {}).get("pe")
+    if found != pe:
+        raise ValueError(f"{path} is a model with pe={found!r}, not {pe!r}: pass --pe {found} or another --runs")
+    return hyperparameters, module.model.state_dict()
+
+
+def build(hyperparameters: dict[str, Any], state: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """The checkpoint's backbone in ``dtype``, in evaluation mode."""
+    data = DataInfo(**hyperparameters["data"])
+    model = create_model(hyperparameters["model"], dtype=dtype, data=data, **hyperparameters["model_config"])
     model.load_state_dict(state)
     return model.to(dtype).eval()
 
@@ -97,7 +119,7 @@ class Curve:
 
     def full(self) -> dict[str, float]:
         points = [self.at(k) for k in range(len(ALPHAS))]
-        return barriers(ALPHAS, [p[0] for p in points], [p[1] for p in points])
+        return barriers([{"alpha": a, "loss": loss, "accuracy": acc} for a, (loss, acc) in zip(ALPHAS, points)])
 
     @property
     def complete(self) -> bool:
@@ -177,7 +199,7 @@ def project_inputs(params: dict, projector: torch.Tensor, prefix: str = "blocks.
 
 
 def invariant_parts(grams: LayerGrams) -> dict[str, torch.Tensor]:
-    p = attention.invariant_products(grams, 1)
+    p = invariant_products(grams, 1)
     qk = p["qk_source"][:, None] + p["qk_target"][None, :] - 2 * p["qk_cross"]
     vo = p["vo_source"][:, None] + p["vo_target"][None, :] - 2 * p["vo_cross"]
     return {"invariant_qk": qk, "invariant_vo": vo}
@@ -205,18 +227,20 @@ def complex_pair_cost(source: dict, target: dict, layer) -> torch.Tensor:
     return (norm_s[:, None, :] + norm_t[None, :, :] - 2 * cross.real).sum(-1)
 
 
-def stage1_costs(source: dict, target: dict, layer, pe: str, options: Stage2Options, projector=None) -> dict:
+def stage1_costs(source: dict, target: dict, layer, pe: str, options: AlignOptions, projector=None) -> dict:
+    """Every Stage 1 cost; ``weight`` refines each candidate pair as ``options`` say, ``weight_orthogonal`` does not."""
     grams = LayerGrams.compute(source, target, layer)
-    costs = {m: head_cost(grams, layer, m, m == "weight", options) for m in METRICS}
-    costs["weight_orthogonal"] = head_cost(grams, layer, "weight", False, options)
+    costs = {m: head_cost(grams, layer, dataclasses.replace(options, metric=m)) for m in METRICS}
+    orthogonal_weight = dataclasses.replace(options, metric="weight", method="orthogonal")
+    costs["weight_orthogonal"] = head_cost(grams, layer, orthogonal_weight)
     costs.update(invariant_parts(grams))
     if pe == "rope":
         costs["complex_pair_qk"] = complex_pair_cost(source, target, layer)
     if projector is not None:
         ps, pt = project_inputs(source, projector), project_inputs(target, projector)
         grams_v = LayerGrams.compute(ps, pt, layer)
-        costs["visible_invariant"] = head_cost(grams_v, layer, "invariant", False, options)
-        costs["visible_weight"] = head_cost(grams_v, layer, "weight", False, options)
+        costs["visible_invariant"] = head_cost(grams_v, layer, dataclasses.replace(options, metric="invariant"))
+        costs["visible_weight"] = head_cost(grams_v, layer, orthogonal_weight)
         costs.update({f"visible_{k}": v for k, v in invariant_parts(grams_v).items()})
         if pe == "rope":
             costs["visible_complex_pair_qk"] = complex_pair_cost(ps, pt, layer)
@@ -287,7 +311,7 @@ def pair_study(pe, target64, source64, spec, layer, names, evaluator, start, pro
     record["orders"] = []
     for match in ORDERS:
         stages = attention_stages(grams, layer, match, match, "full", options)
-        distances = attention.stage_distances(grams, layer, match, match, stages)
+        distances = stage_distances(grams, layer, match, match, stages)
         for stage in ("orthogonal", "full"):
             transforms[stage].append(stages[stage])
             per_order[stage].append(transform_curve(stages[stage], f"{stage}/{match.tolist()}"))
@@ -332,12 +356,12 @@ def pair_study(pe, target64, source64, spec, layer, names, evaluator, start, pro
         }
     # Variants of Stage 2 at that order: no least-squares candidates; fitted on visible weights only.
     match = ORDERS[index]
-    original = attention.least_squares_start
-    attention.least_squares_start = lambda problem, group, start: start  # orthogonal start only
+    original = stage2.least_squares_start
+    stage2.least_squares_start = lambda problem, group, start: start  # orthogonal start only (refine reads it)
     try:
         no_ls = attention_stages(grams, layer, match, match, "full", options)["full"]
     finally:
-        attention.least_squares_start = original
+        stage2.least_squares_start = original
     diag["full_no_least_squares"] = {
         "barrier": transform_curve(no_ls, "no_least_squares").full(),
         "terms": term_breakdown(source64, target64, layer, no_ls),
@@ -363,31 +387,52 @@ def pair_study(pe, target64, source64, spec, layer, names, evaluator, start, pro
     return record
 
 
+def pair_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that say which checkpoints and pairs a script reads (``study.py`` and ``path.py``)."""
+    parser.add_argument("--runs", default="runs/matcher_quality", help="lmc run output folders: <runs>/<pe>/seed<k>")
+    parser.add_argument("--pe", default="learned", choices=PES)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--pairs", nargs="+", metavar="I-J", help="only these pairs (default: every pair of --seeds)")
+
+
+def chosen_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[int, int]]:
+    """Pairs ``(i, j)``, ``i < j < args.seeds``: all of them, or those ``--pairs`` names."""
+    every = list(itertools.combinations(range(args.seeds), 2))
+    if args.pairs is None:
+        return every
+    chosen = []
+    for text in args.pairs:
+        try:
+            pair = tuple(int(k) for k in text.split("-"))
+        except ValueError:
+            pair = None
+        if pair not in every:
+            parser.error(f"--pairs {text}: name a pair as I-J with I < J < --seeds ({args.seeds}), e.g. 0-1")
+        chosen.append(pair)
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", default="runs/matcher_quality")
-    parser.add_argument("--pe", default="learned")
-    parser.add_argument("--seeds", type=int, default=5)
+    pair_arguments(parser)
     parser.add_argument("--out", default="benchmarks/matcher_quality/results")
     args = parser.parse_args()
+    pairs = chosen_pairs(parser, args)
     torch.set_num_threads(1)
-    folder = Path(args.runs) / args.pe
-    states = [torch.load(folder / f"seed{s}.pt") for s in range(args.seeds)]
-    models64 = [build(args.pe, s, torch.float64) for s in states]
+    hyperparameters, states = zip(*(load_run(args.runs, args.pe, f"seed{s}") for s in range(args.seeds)))
+    models64 = [build(h, s, torch.float64) for h, s in zip(hyperparameters, states)]
     spec = model_spec(models64[0])
     layer = spec.blocks[0].attention
     names = scope_parameters(models64[0], "first_attention", spec)
-    options = Stage2Options()
+    options = AlignOptions()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    records = []
-    for i, j in itertools.combinations(range(args.seeds), 2):
+    for i, j in pairs:
         path = out / f"{args.pe}_{i}_{j}.json"
-        if path.exists():
-            records.append(json.loads(path.read_text()))
+        if path.exists():  # finished earlier: the study resumes pair by pair
             continue
         started = time.time()
-        target = build(args.pe, states[i], torch.float32)
+        target = build(hyperparameters[i], states[i], torch.float32)
         evaluator = Evaluator(target, names)
         start = evaluator({n: p.detach() for n, p in target.named_parameters()})
         target64 = {n: p.detach() for n, p in models64[i].named_parameters()}
@@ -397,7 +442,6 @@ def main() -> None:
         record.update(pair=[i, j], pe=args.pe, evaluations=evaluator.count, seconds=time.time() - started)
         record["visible_rank"] = int(torch.linalg.matrix_rank(projector))
         path.write_text(json.dumps(record))
-        records.append(record)
         m = record["metrics"]["invariant"]
         n = record["naive"]["loss_barrier"]
         print(
