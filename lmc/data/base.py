@@ -238,12 +238,16 @@ class LMCDataModule(L.LightningDataModule):
             self.train_set = Subset(self.train_set, chosen.sort().values.tolist())
 
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
+        # Each loader draws its order and worker seeds from its own generator, seeded by the run's
+        # seed: otherwise every validation pass consumes the global generator and changes the
+        # shuffle of all later epochs (and dropout), so results would depend on validation settings.
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            generator=torch.Generator().manual_seed(torch.initial_seed()),
         )
 
     def train_dataloader(self) -> DataLoader:

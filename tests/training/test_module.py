@@ -141,3 +141,16 @@ def test_logged_epoch_metrics_are_the_exact_sample_weighted_means(name, tmp_path
     assert logged["val/accuracy"] == pytest.approx(expected["accuracy"], rel=1e-6)
     if name == "gpt2-tiny":
         assert logged["val/bits_per_token"] == pytest.approx(expected["loss"] / 0.6931471805599453, rel=1e-6)
+
+
+def test_training_does_not_depend_on_validation_settings(tmp_path):
+    """The training order comes from the run's seed alone: validating (or not) changes nothing."""
+    weights = []
+    without = {"limit_val_batches": 0, "num_sanity_val_steps": 0}
+    for validation in (without, {"limit_val_batches": 2, "num_sanity_val_steps": 2}):
+        L.seed_everything(7, verbose=False)
+        module = LMCModule("reference-vit-tiny", data=Digits().info, lr=3e-3)
+        run = trainer(tmp_path, steps=9, limit_train_batches=3, **validation)  # 3 epochs: 3 shuffles
+        run.fit(module, Digits(batch_size=16))
+        weights.append(_weights(module))
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
