@@ -20,7 +20,7 @@ from lmc.experiment import Experiment, lightning_cli
 
 POSITIONAL_ENCODINGS = {"APE": {"pe": "learned"}, "RoPE": {"pe": "rope", "rope_layout": "half"}}
 PRETRAIN_EPOCHS, FINETUNE_EPOCHS = 40, 60
-SEEDS = 2
+SEEDS = 3
 
 
 def experiment_config(label: str, root: Path, epochs: tuple[int, int]) -> dict[str, Any]:
