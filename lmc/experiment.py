@@ -241,6 +241,8 @@ def lightning_cli(args: list[str] | None = None, run: bool = True):
             args=args,
             run=run,
             auto_configure_optimizers=False,
+            # Without subcommands this parser is lmc run's: say so in its --help.
+            parser_kwargs={} if run else {"description": __doc__.splitlines()[0].replace("``", "")},
         )
 
 
