@@ -44,7 +44,8 @@ def experiment_config(label: str, root: Path, epochs: tuple[int, int]) -> dict[s
 
 def run(output_dir: Path = Path("runs/demo"), epochs: int | None = None) -> list[dict[str, Any]]:
     """Run the main job for APE and RoPE and print the table of barriers; returns one row per encoding."""
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # keep the job's own output readable
+    for name in ("lightning.pytorch", "lightning.fabric"):  # keep the job's own output readable
+        logging.getLogger(name).setLevel(logging.WARNING)
     root = Path(output_dir)
     schedule = (epochs or PRETRAIN_EPOCHS, epochs or FINETUNE_EPOCHS)
     rows = []
