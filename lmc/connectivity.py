@@ -99,12 +99,16 @@ class SweepHooks:
 
     Attributes:
         state_path: Resumable record of finished points (``None``: not persisted).
-        write: Whether this process writes ``state_path`` (rank 0 only).
+        naive_state_path: A separate record for the naive curve, which does not depend on the
+            scope or the alignment options: sweeps of one pair with several alignments that
+            share it evaluate the naive curve once (``None``: kept in ``state_path``).
+        write: Whether this process writes the records (rank 0 only).
         barrier: Waits for every process; called after each has read the state, before it changes.
         progress: Called with a short message after each point.
     """
 
     state_path: Path | None = None
+    naive_state_path: Path | None = None
     write: bool = True
     barrier: Callable[[], None] = _nothing
     progress: Callable[[str], None] | None = None
@@ -165,7 +169,15 @@ def measure_connectivity(
         "settings": sweep_settings(scope, options, alphas, evaluation),
     }
     key = fingerprint(extra=identity)
-    store = SweepStore.open(hooks.state_path, key)
+    stores = {"aligned": SweepStore.open(hooks.state_path, key)}
+    if hooks.naive_state_path is None:
+        stores["naive"] = stores["aligned"]
+    else:  # the naive curve's own identity: the two models, the alphas and the evaluation
+        naive = {
+            **identity,
+            "settings": {k: v for k, v in identity["settings"].items() if k not in ("scope", "options")},
+        }
+        stores["naive"] = SweepStore.open(hooks.naive_state_path, fingerprint(extra=naive))
     hooks.barrier()
     device = endpoint_a[0].device
     curves = {}
@@ -176,7 +188,7 @@ def measure_connectivity(
             endpoints[curve],
             lambda: evaluation.sums(device),
             alphas,
-            store,
+            stores[curve],
             curve,
             hooks.write,
             hooks.progress,

@@ -363,7 +363,7 @@ class Experiment:
         pair = self.root / "pairs" / f"{i}_{j}"
 
         def sweep(options: AlignOptions, folder: Path) -> dict[str, Any]:
-            hooks = SweepHooks(state_path=folder / "lmc_sweep_state_0.json")
+            hooks = SweepHooks(folder / "lmc_sweep_state_0.json", naive_state_path=pair / "naive_sweep_state.json")
             result = measure_connectivity(
                 module.model, reference, self.protocol.reinit, options, alphas, evaluation, hooks
             )

@@ -194,3 +194,37 @@ def test_a_truncated_state_file_is_ignored_with_a_warning_naming_it(tmp_path, co
     assert store.points == {}
     store.put("naive", 0, {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, write=True)  # and replaced by a good one
     assert SweepStore.open(path, "first").get("naive", 0) == {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}
+
+
+def test_sweeps_of_one_pair_share_their_naive_curve(tmp_path):
+    """The naive curve depends on neither the scope nor the alignment options: evaluated once per pair."""
+    from torch.utils.data import DataLoader, Subset
+
+    from lmc.adapters import scope_parameters
+    from lmc.connectivity import Evaluation, SweepHooks, measure_connectivity
+    from lmc.data import Digits
+    from lmc.matching import AlignOptions
+    from lmc.training import LMCModule
+
+    data = Digits()
+    module, other = LMCModule("reference-vit-tiny", data=data.info), LMCModule("reference-vit-tiny", data=data.info)
+    free = set(scope_parameters(module.model, "first_attention"))
+    with torch.no_grad():
+        for name, parameter in other.model.named_parameters():
+            if name not in free:
+                parameter.copy_(dict(module.model.named_parameters())[name])
+    calls = []
+    batches = DataLoader(Subset(data.split("val"), range(40)), batch_size=20)
+    evaluation = Evaluation(lambda batch: calls.append(1) or module.metric_sums(batch), batches, "val", {}, {})
+    results = []
+    for method in ("orthogonal", "full"):
+        hooks = SweepHooks(tmp_path / method / "state.json", naive_state_path=tmp_path / "naive.json")
+        alphas = [0.0, 0.5, 1.0]
+        results.append(
+            measure_connectivity(
+                module.model, other.model, "first_attention", AlignOptions(method=method), alphas, evaluation, hooks
+            )
+        )
+    assert len(calls) == 2 * (3 + 3 + 3)  # two batches per point: naive once, each aligned curve once
+    assert results[0]["curves"]["naive"] == results[1]["curves"]["naive"]
+    assert results[0]["key"] != results[1]["key"]
