@@ -25,7 +25,7 @@ from lmc.symmetry_demo import DEFAULT_MODELS
 def align(
     source: Path,
     target: Path,
-    output: Path,
+    output: Path | None = None,
     scope: Scope | None = None,
     merge_alpha: list[float] | None = None,
     overwrite: bool = False,
@@ -40,7 +40,7 @@ def align(
     Args:
         source: Checkpoint to transform (lmc fit / lmc run).
         target: Checkpoint to align to, of the same model.
-        output: Folder for the outputs (created; never one of the inputs).
+        output: Folder for the outputs (required; created; never one of the inputs).
         scope: Symmetries to align; default: the re-initialization the checkpoints were fine-tuned with.
         merge_alpha: Also write the merge at each of these alphas in [0, 1].
         overwrite: Replace outputs that already exist.
@@ -52,6 +52,7 @@ def align(
     from lmc.matching import align as align_models
     from lmc.training.module import load_trained, require_same_model, save_trained
 
+    output = _required(output, "--output DIR")
     alphas = _checked_alphas(merge_alpha or [])
     outputs = [output / "aligned.ckpt", output / "report.json", *(output / f"merged_{a:g}.ckpt" for a in alphas)]
     _check_outputs(outputs, inputs=[source, target], overwrite=overwrite)
@@ -75,8 +76,8 @@ def align(
 def interpolate(
     a: Path,
     b: Path,
-    data: LMCDataModule,
-    output_dir: Path,
+    data: LMCDataModule | None = None,
+    output_dir: Path | None = None,
     scope: Scope | None = None,
     split: CurveSplit = "val",
     num_alphas: int = 25,
@@ -93,9 +94,9 @@ def interpolate(
     Args:
         a: Checkpoint of end point A (alpha = 0).
         b: Checkpoint of end point B (alpha = 1), of the same model.
-        data: The DataModule to evaluate on: a configs/data/*.yaml file, or a class path
-            (lmc.data.Digits).
-        output_dir: Folder for the results.
+        data: The DataModule to evaluate on (required): a configs/data/*.yaml file, or a class
+            path such as lmc.data.Digits.
+        output_dir: Folder for the results (required).
         scope: Symmetries to align; default: the re-initialization the checkpoints were fine-tuned with.
         split: The split the curves are measured on.
         num_alphas: Points on each curve (at least 2).
@@ -119,6 +120,7 @@ def interpolate(
     from lmc.interpolation import evenly_spaced
     from lmc.training.module import load_trained, require_same_model
 
+    data, output_dir = _required(data, "--data FILE_OR_CLASS"), _required(output_dir, "--output_dir DIR")
     alphas = evenly_spaced(num_alphas)
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"--batch_size must be positive, got {batch_size}")
@@ -188,6 +190,12 @@ COMMANDS: dict[str, Callable[..., None]] = {
 }
 
 
+def _required(value: Any, flag: str) -> Any:
+    if value is None:
+        raise ValueError(f"{flag} is required")
+    return value
+
+
 def _checked_alphas(alphas: list[float]) -> list[float]:
     bad = [a for a in alphas if not (math.isfinite(a) and 0 <= a <= 1)]
     if bad:
@@ -228,7 +236,7 @@ def parser_for(function: Callable[..., None]):
     parser = ArgumentParser(description=description, formatter_class=help_formatter())
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these arguments")
     takes_options = "options" in inspect.signature(function).parameters
-    parser.add_function_arguments(function, as_positional=True, skip={"options"}, as_group=False)
+    parser.add_function_arguments(function, as_positional=True, skip={"options"}, as_group=False, sub_configs=True)
     if takes_options:
         parser.add_class_arguments(AlignOptions, None, instantiate=False)
     return parser

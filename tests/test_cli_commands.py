@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from lmc.training import LMCModule
 from lmc.training.module import load_trained
 from tests.runs import MODEL, data, finetuned, pretrain_and_first_seed, trainer
 
-DIGITS = "lmc.data.Digits"
+DIGITS = "--data=lmc.data.Digits"
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,17 @@ def _outputs(model: torch.nn.Module, seed: int = 0) -> torch.Tensor:
 
 def test_align_writes_loadable_aligned_and_merged_checkpoints(checkpoints, tmp_path, capsys):
     output = tmp_path / "out"
-    main(["align", str(checkpoints["seed0"]), str(checkpoints["seed1"]), str(output), "--merge-alpha", "[0.5]"])
+    main(
+        [
+            "align",
+            str(checkpoints["seed0"]),
+            str(checkpoints["seed1"]),
+            "--output",
+            str(output),
+            "--merge-alpha",
+            "[0.5]",
+        ]
+    )
     assert "distance to target" in capsys.readouterr().out
     source, _ = load_trained(checkpoints["seed0"])
     target, _ = load_trained(checkpoints["seed1"])
@@ -69,7 +80,7 @@ def test_checkpoints_of_different_models_are_refused(checkpoints, tmp_path, caps
     path = tmp_path / "interleaved.ckpt"
     trainer(tmp_path, steps=1).strategy.connect(other)
     torch.save({"state_dict": other.state_dict(), "hyper_parameters": dict(other.hparams)}, path)
-    error = _fails(["align", str(checkpoints["seed0"]), str(path), str(tmp_path / "out")], capsys)
+    error = _fails(["align", str(checkpoints["seed0"]), str(path), "--output", str(tmp_path / "out")], capsys)
     assert "different models" in error and "interleaved" in error
     assert not (tmp_path / "out").exists()
 
@@ -82,21 +93,27 @@ def test_outputs_never_replace_inputs_and_need_overwrite(checkpoints, tmp_path, 
     copy = folder / "aligned.ckpt"
     copy.write_bytes(checkpoints["seed0"].read_bytes())
     before = copy.read_bytes()
-    assert "would replace an input" in _fails(["align", str(copy), target, str(folder), "--overwrite=true"], capsys)
+    assert "would replace an input" in _fails(
+        ["align", str(copy), target, f"--output={folder}", "--overwrite=true"], capsys
+    )
     assert copy.read_bytes() == before
-    assert "already exist" in _fails(["align", source, target, str(folder)], capsys)
+    assert "already exist" in _fails(["align", source, target, f"--output={folder}"], capsys)
     for alpha in ("[.nan]", "[1.5]", "[-0.1]"):
-        assert "in [0, 1]" in _fails(["align", source, target, str(tmp_path / "o2"), f"--merge_alpha={alpha}"], capsys)
+        assert "in [0, 1]" in _fails(
+            ["align", source, target, f"--output={tmp_path / 'o2'}", f"--merge_alpha={alpha}"], capsys
+        )
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    assert "is a file" in _fails(["align", source, target, str(a_file)], capsys)
-    assert "does not exist" in _fails(["align", str(tmp_path / "nope.ckpt"), target, str(tmp_path / "o3")], capsys)
+    assert "is a file" in _fails(["align", source, target, f"--output={a_file}"], capsys)
+    assert "does not exist" in _fails(
+        ["align", str(tmp_path / "nope.ckpt"), target, f"--output={tmp_path / 'o3'}"], capsys
+    )
     assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
 
 def test_interpolate_writes_curves_and_never_mixes_sweeps(checkpoints, tmp_path, capsys):
     a, b, output = str(checkpoints["seed1"]), str(checkpoints["seed0"]), tmp_path / "lmc"
-    main(["interpolate", a, b, DIGITS, str(output), "--num-alphas", "5"])
+    main(["interpolate", a, b, DIGITS, f"--output-dir={output}", "--num-alphas", "5"])
     assert "barrier ratio" in capsys.readouterr().out
     validation = json.loads((output / "lmc_results.json").read_text())
     (result,) = validation["references"].values()
@@ -106,7 +123,7 @@ def test_interpolate_writes_curves_and_never_mixes_sweeps(checkpoints, tmp_path,
     assert result["settings"]["split"] == "val"
 
     # Another split into the same folder (issue #10, case 1): refused, then done apart with --overwrite.
-    test_split = ["interpolate", a, b, DIGITS, str(output), "--num-alphas", "5", "--split", "test"]
+    test_split = ["interpolate", a, b, DIGITS, f"--output-dir={output}", "--num-alphas", "5", "--split", "test"]
     assert "another sweep" in _fails(test_split, capsys)
     main([*test_split, "--overwrite", "true"])
     tested = json.loads((output / "lmc_results.json").read_text())
@@ -122,15 +139,22 @@ def test_interpolate_writes_curves_and_never_mixes_sweeps(checkpoints, tmp_path,
 
 
 def test_interpolate_refuses_data_the_model_was_not_built_for(checkpoints, tmp_path, capsys):
-    argv = ["interpolate", str(checkpoints["seed1"]), str(checkpoints["seed0"]), "lmc.data.PythonTextKinds"]
-    error = _fails([*argv, str(tmp_path / "lmc")], capsys)
+    data_config = Path(__file__).parents[1] / "configs" / "data" / "python_text_kinds.yaml"  # a config file works too
+    argv = ["interpolate", str(checkpoints["seed1"]), str(checkpoints["seed0"]), "--data", str(data_config)]
+    error = _fails([*argv, f"--output_dir={tmp_path / 'lmc'}"], capsys)
     assert "does not fit the model" in error
 
 
 def test_bad_values_fail_before_any_work(checkpoints, tmp_path, capsys):
     a, b = str(checkpoints["seed1"]), str(checkpoints["seed0"])
-    assert "at least 2" in _fails(["interpolate", a, b, DIGITS, str(tmp_path), "--num_alphas", "1"], capsys)
-    assert "probe_batch_size" in _fails(["align", a, b, str(tmp_path / "o"), "--probe_batch_size", "0"], capsys)
+    assert "at least 2" in _fails(
+        ["interpolate", a, b, DIGITS, f"--output_dir={tmp_path}", "--num_alphas", "1"], capsys
+    )
+    assert "probe_batch_size" in _fails(
+        ["align", a, b, f"--output={tmp_path / 'o'}", "--probe_batch_size", "0"], capsys
+    )
     assert "--epochs must be at least 1" in _fails(["demo", "--epochs", "0"], capsys)
     assert "--epochs must be at least 1" in _fails(["demo", "--epochs", "-1"], capsys)
+    assert "--output DIR is required" in _fails(["align", a, b], capsys)
+    assert "--data FILE_OR_CLASS is required" in _fails(["interpolate", a, b, f"--output_dir={tmp_path}"], capsys)
     assert not list(tmp_path.iterdir())
