@@ -23,12 +23,11 @@ from benchmarks.matcher_quality.study import (
     aligned_weights,
     build,
     chosen_pairs,
-    load_run,
+    load_seeds,
     pair_arguments,
     project_inputs,
     visible_projector,
 )
-from lmc.adapters import model_spec, scope_parameters
 from lmc.data import Digits
 from lmc.matching import AlignOptions
 from lmc.matching.grams import LayerGrams
@@ -69,11 +68,8 @@ def main() -> None:
     args = parser.parse_args()
     pairs = chosen_pairs(parser, args)
     torch.set_num_threads(1)
-    hyperparameters, states = zip(*(load_run(args.runs, args.pe, f"seed{s}") for s in range(args.seeds)))
-    models64 = [build(h, s, torch.float64) for h, s in zip(hyperparameters, states)]
-    spec = model_spec(models64[0])
+    hyperparameters, states, models64, spec, names = load_seeds(args.runs, args.pe, args.seeds)
     layer = spec.blocks[0].attention
-    names = scope_parameters(models64[0], "first_attention", spec)
     output = {}
     for i, j in pairs:
         record = json.loads((Path(args.results) / f"{args.pe}_{i}_{j}.json").read_text())

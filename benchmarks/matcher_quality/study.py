@@ -412,6 +412,14 @@ def chosen_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> l
     return chosen
 
 
+def load_seeds(runs: str, pe: str, seeds: int):
+    """Each seed's hyper-parameters, weights and float64 model, the spec, and the first layer's parameter names."""
+    hyperparameters, states = zip(*(load_run(runs, pe, f"seed{s}") for s in range(seeds)))
+    models64 = [build(h, s, torch.float64) for h, s in zip(hyperparameters, states)]
+    spec = model_spec(models64[0])
+    return hyperparameters, states, models64, spec, scope_parameters(models64[0], "first_attention", spec)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     pair_arguments(parser)
@@ -419,11 +427,8 @@ def main() -> None:
     args = parser.parse_args()
     pairs = chosen_pairs(parser, args)
     torch.set_num_threads(1)
-    hyperparameters, states = zip(*(load_run(args.runs, args.pe, f"seed{s}") for s in range(args.seeds)))
-    models64 = [build(h, s, torch.float64) for h, s in zip(hyperparameters, states)]
-    spec = model_spec(models64[0])
+    hyperparameters, states, models64, spec, names = load_seeds(args.runs, args.pe, args.seeds)
     layer = spec.blocks[0].attention
-    names = scope_parameters(models64[0], "first_attention", spec)
     options = AlignOptions()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
