@@ -362,11 +362,11 @@ class Experiment:
         )
         pair = self.root / "pairs" / f"{i}_{j}"
 
-        def sweep(options: AlignOptions, folder: Path) -> dict[str, Any]:
-            hooks = SweepHooks(folder / "lmc_sweep_state_0.json", naive_state_path=pair / "naive_sweep_state.json")
-            result = measure_connectivity(
-                module.model, reference, self.protocol.reinit, options, alphas, evaluation, hooks
-            )
+        def sweep(options: AlignOptions, folder: Path, at: list[float] = alphas) -> dict[str, Any]:
+            # Every curve of the pair at the same alphas shares one naive curve.
+            naive = pair / ("naive_sweep_state.json" if at == alphas else f"naive_sweep_state_{len(at)}.json")
+            hooks = SweepHooks(folder / "lmc_sweep_state_0.json", naive_state_path=naive)
+            result = measure_connectivity(module.model, reference, self.protocol.reinit, options, at, evaluation, hooks)
             record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
             write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}})
             return result
@@ -374,13 +374,48 @@ class Experiment:
         labels, alignments = alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options
         results = {label: sweep(options, pair / label) for label, options in zip(labels, alignments)}
         if self.protocol.head_orders:
-            results[HEAD_ORDERS] = {
-                "".join(map(str, order)): sweep(
-                    AlignOptions(head_orders={0: list(order)}), pair / "orders" / "".join(map(str, order))
-                )
-                for order in head_orders(model_spec(module.model).attention[0])
-            }
+            orders = head_orders(model_spec(module.model).attention[0])
+            results[HEAD_ORDERS] = self._sweep_head_orders(orders, results, alphas, pair / "orders", sweep)
         return results
+
+    @staticmethod
+    def _sweep_head_orders(
+        orders: list[tuple[int, ...]],
+        results: dict[str, Any],
+        alphas: list[float],
+        folder: Path,
+        sweep: Callable[..., dict[str, Any]],
+    ) -> dict[str, dict[str, Any]]:
+        """Every head order of the first attention layer followed by the full Stage 2, with exact
+        ranks and ``L_top1`` at a fraction of ``h!`` whole curves.
+
+        A barrier is the largest gap over the curve's alphas, so the gap on any of them bounds it from
+        below. Each order is first swept at the two end points and the middle alpha (its
+        ``screening``); orders picked by a listed alignment's Stage 1 get their whole curve, and so
+        does every other order whose screening bound (loss or accuracy) lies below the largest whole-curve
+        barrier of the picked ones. An order left at its bound can neither be strictly better than a
+        picked order nor be the best one, so ranks and ``L_hat`` are those of all whole curves.
+        """
+        labels = ["".join(map(str, order)) for order in orders]
+        full = {label: AlignOptions(head_orders={0: [int(h) for h in label]}) for label in labels}
+        if len(alphas) < 3:
+            return {label: sweep(full[label], folder / label) for label in labels}
+        screening = [alphas[0], alphas[len(alphas) // 2], alphas[-1]]
+        bounds = {label: sweep(full[label], folder / "screening" / label, screening) for label in labels}
+        picked = {
+            "".join(map(str, layers[0]["assignment"]))
+            for result in results.values()
+            if (layers := [layer for layer in result["alignment"]["layers"] if layer["kind"] == "attention"])
+        }
+        swept = {label: sweep(full[label], folder / label) for label in labels if label in picked}
+        worst = {
+            name: max((r["curves"]["aligned"][name] for r in swept.values()), default=math.inf)
+            for name in ("loss_barrier", "accuracy_barrier")
+        }
+        for label in labels:
+            if label not in swept and any(bounds[label]["curves"]["aligned"][n] < worst[n] for n in worst):
+                swept[label] = sweep(full[label], folder / label)
+        return {label: swept.get(label, bounds[label]) for label in labels}
 
     def run(self) -> dict[str, Any]:
         """Every stage, every pair, the summary; returns the summary."""

@@ -67,7 +67,9 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
             if not attention:  # naive: no head order
                 continue
             chosen = "".join(map(str, attention[0]["assignment"]))
-            entry = {"order": chosen}
+            alphas = len(result["settings"]["alphas"])
+            whole = sum(len(r["settings"]["alphas"]) == alphas for r in orders.values())
+            entry = {"order": chosen, "whole_curves": whole}
             for name in ("loss_barrier", "accuracy_barrier"):
                 barriers = {order: r["curves"]["aligned"][name] for order, r in orders.items()}
                 rank, l_hat = rank_and_l_hat(
@@ -157,7 +159,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         lines += [
             "",
             f"Head orders of the first attention layer: all {study['orders']}, each followed by the full Stage 2. "
-            "Rank 1 is the order with the lowest barrier; L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100.",
+            "Rank 1 is the order with the lowest barrier; L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100. "
+            "Orders that cannot change a rank or L_top1 are swept at three alphas only (see lmc.experiment).",
             "",
             "| alignment | rank (loss) | L_hat loss % | rank (accuracy) | L_hat accuracy % |",
             "|---|---|---|---|---|",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -14,6 +15,7 @@ import lmc.experiment
 from lmc.cli import main
 from lmc.connectivity import BARRIERS
 from lmc.experiment import Protocol, alignment_labels
+from lmc.interpolation import barriers, evenly_spaced
 from lmc.matching import AlignOptions
 from lmc.summary import rank_and_l_hat, spread, summarize
 
@@ -191,3 +193,36 @@ def test_head_orders_rank_every_order_of_the_first_layer(tmp_path):
     assert entry["loss_barrier"]["top1"] == min(barriers.values())
     assert entry["loss_barrier"]["rank"] == 1 + sum(b < barriers[entry["order"]] for b in barriers.values())
     assert "| full |" in (tmp_path / "run" / "summary.md").read_text().split("Head orders")[1]
+
+
+def test_screened_head_orders_give_the_ranks_and_l_hat_of_all_whole_curves(tmp_path):
+    """Orders whose three-alpha bound cannot beat a picked order keep the bound; the rest get whole curves."""
+    orders = list(itertools.permutations(range(3)))  # 6 orders of 3 heads
+    gaps = {"012": 0.27, "021": 0.10, "102": 0.50, "120": 0.20, "201": 0.42, "210": 0.60}  # whole-curve barriers
+
+    def curve(label, alphas):
+        # Loss is 0 at both ends and peaks at alpha 0.25, so the middle alpha sees 2/3 of the barrier.
+        peak = gaps.get(label, 1.0)
+        loss = [peak * (a / 0.25 if a <= 0.25 else (1 - a) / 0.75) for a in alphas]
+        points = [{"alpha": a, "loss": value, "accuracy": 1 - value} for a, value in zip(alphas, loss)]
+        return {"points": points, **barriers(points)}
+
+    swept = []
+
+    def sweep(options, folder, at=None):
+        at = at or evenly_spaced(5)
+        label = "".join(map(str, options.head_orders[0]))
+        swept.append((label, len(at)))
+        return {"settings": {"alphas": at}, "curves": {"aligned": curve(label, at), "naive": curve("naive", at)}}
+
+    picked = {"full": {"alignment": {"layers": [{"kind": "attention", "assignment": [1, 2, 0]}]}}}
+    result = lmc.experiment.Experiment._sweep_head_orders(orders, picked, evenly_spaced(5), tmp_path, sweep)
+    whole = {label for label, count in swept if count == 5}
+    # 120 is picked (0.20); only 021 (0.10 < 0.20) must be known exactly, but the bound (2/3 of the
+    # barrier) of 012 (0.18) is below 0.20 too, so it is swept whole; 102, 201, 210 keep their bounds.
+    assert whole == {"120", "021", "012"}
+    exact = {label: curve(label, evenly_spaced(5))["loss_barrier"] for label in gaps}
+    loss = {label: r["curves"]["aligned"]["loss_barrier"] for label, r in result.items()}
+    assert (
+        rank_and_l_hat(loss, "120", 0.2, 1.0) == rank_and_l_hat(exact, "120", 0.2, 1.0) == (2, pytest.approx(100 / 9))
+    )
