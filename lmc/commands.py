@@ -166,6 +166,27 @@ def demo(output_dir: Path = Path("runs/demo"), epochs: int | None = None) -> Non
     main_job.run(output_dir, epochs=epochs)
 
 
+def repro(
+    study: list[Path] = [Path("configs/study/repro.yaml")],
+    quick: bool = False,
+    jobs: int = 2,
+) -> None:
+    """The paper's study at small scale: every family and strategy, Table 1, then docs/results.md.
+
+    Runs resume after a kill (finished fits and sweep points are kept). Each family runs in its own
+    worker with one thread, so the numbers do not depend on --jobs.
+
+    Args:
+        study: Study configs, later ones overriding earlier ones (configs/study/*.yaml).
+        quick: The same pipeline in its tiny form (configs/study/quick.yaml: a few steps, 2 seeds;
+            its numbers mean nothing; it writes runs/repro_quick/results.md, not docs/results.md).
+        jobs: Families run at a time (one CPU thread each).
+    """
+    from lmc.study import repro as run_study
+
+    run_study([*study, *([Path("configs/study/quick.yaml")] if quick else [])], jobs=jobs)
+
+
 def symmetry(models: list[str] = list(DEFAULT_MODELS), seed: int = 0) -> None:
     """Random symmetries keep real models' outputs; groups that are too large break them.
 
@@ -186,6 +207,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "align": align,
     "interpolate": interpolate,
     "demo": demo,
+    "repro": repro,
     "symmetry": symmetry,
 }
 

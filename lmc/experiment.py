@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from lmc.adapters import model_spec
 from lmc.checkpoints import atomic_write, atomic_write_json, load_weights
@@ -102,6 +102,8 @@ class Protocol:
         num_alphas: Points on each interpolation curve.
         split: Where the curves are measured.
         eval_batch_size: Evaluation batch size (``None``: the DataModule's).
+        eval_samples: Measure the curves on the first this many samples of ``split`` only
+            (``None``: all of it); for smoke runs of a whole study.
         head_orders: Also align every pair with each order of the first attention layer's heads,
             each followed by the full Stage 2, to rank the order each alignment picks and report
             ``L_hat`` (the paper's Table 1; ``h!`` more sweeps per pair, at most 6 heads).
@@ -118,6 +120,7 @@ class Protocol:
     num_alphas: int = 25
     split: CurveSplit = "val"
     eval_batch_size: int | None = None
+    eval_samples: int | None = None
     head_orders: bool = False
     overwrite: bool = False
 
@@ -134,6 +137,8 @@ class Protocol:
         check_curve_split(self.split)
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise ValueError(f"protocol.eval_batch_size must be positive, got {self.eval_batch_size}")
+        if self.eval_samples is not None and self.eval_samples < 1:
+            raise ValueError(f"protocol.eval_samples must be positive, got {self.eval_samples}")
 
     @property
     def alignment_options(self) -> list[AlignOptions]:
@@ -350,14 +355,17 @@ class Experiment:
         load_weights(module.model, checkpoints[j])
         module.eval()
         reference = load_weights(module.build_model(), checkpoints[i]).eval()
-        dataset = datamodule.split(self.protocol.split)
+        dataset, data = datamodule.split(self.protocol.split), data_identity(datamodule)
+        if self.protocol.eval_samples is not None:
+            dataset = Subset(dataset, range(min(self.protocol.eval_samples, len(dataset))))
+            data = {**data, "eval_samples": len(dataset)}
         loader = DataLoader(dataset, batch_size=self.protocol.eval_batch_size or datamodule.batch_size)
         alphas = evenly_spaced(self.protocol.num_alphas)
         evaluation = Evaluation(
             module.metric_sums,
             loader,
             self.protocol.split,
-            data_identity(datamodule),
+            data,
             {k: module.hparams.get(k) for k in ("model", "model_config")},
         )
         pair = self.root / "pairs" / f"{i}_{j}"
@@ -398,7 +406,7 @@ class Experiment:
         """
         labels = ["".join(map(str, order)) for order in orders]
         full = {label: AlignOptions(head_orders={0: [int(h) for h in label]}) for label in labels}
-        if len(alphas) < 3:
+        if len(alphas) <= 3:  # nothing to screen out
             return {label: sweep(full[label], folder / label) for label in labels}
         screening = [alphas[0], alphas[len(alphas) // 2], alphas[-1]]
         bounds = {label: sweep(full[label], folder / "screening" / label, screening) for label in labels}

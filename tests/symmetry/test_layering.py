@@ -31,8 +31,10 @@ ALLOWED = {
     },
     "symmetry_demo": {"adapters", "models", "symmetry"},
     "demo": {"experiment"},
+    "report": {"checkpoints"},
+    "study": {"experiment", "report", "symmetry"},
     "commands": {
-        "checkpoints", "connectivity", "data", "demo", "interpolation", "matching", "models", "symmetry",
+        "checkpoints", "connectivity", "data", "demo", "interpolation", "matching", "models", "study", "symmetry",
         "symmetry_demo", "training",
     },
     "cli": {"adapters", "checkpoints", "commands", "data", "experiment", "matching"},

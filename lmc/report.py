@@ -1,0 +1,206 @@
+"""The report of a study (:mod:`lmc.study`): ``docs/results.md`` and its figures, beside the paper's.
+
+Everything in the report is read from the run folders' ``summary.json`` files, so the same runs
+give the same bytes. Numbers are means ± sample standard deviations over pairs of fine-tuned
+seeds (the study's error bar); a ratio is ``aligned barrier / naive barrier * 100`` per pair.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from lmc.checkpoints import atomic_write, atomic_write_text
+
+#: The matcher variants of Table 1, by their ``lmc run`` labels.
+VARIANTS = {"permutation": "Variant 1 (Stage 1 only)", "orthogonal": "Variant 2 (orthogonal start)", "full": "full"}
+#: Stage 1 metrics of Appendix K, by the label of their full-method run.
+METRICS = {"full": "invariant", "full-metric=weight": "weight", "full-metric=correlation": "correlation"}
+#: What the paper reports (Table 1; Section 6.2; Appendix J).
+PAPER_TABLE1 = {"permutation": "62-91 %", "orthogonal": "10-16 %", "full": "7-12 %"}
+PAPER_STRATEGIES = {
+    "first_attention": "LMC after alignment",
+    "all_attention": "LMC after alignment",
+    "first_block": "LMC after alignment (not ImageNet)",
+    "full_model": "LMC on small data only",
+}
+
+
+def _cell(stats: dict[str, float] | None, digits: int = 1, unit: str = "") -> str:
+    if not stats or not math.isfinite(stats["mean"]):
+        return "n/a"
+    return f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}{unit}"
+
+
+def _summaries(study) -> dict[str, dict[str, dict[str, Any]]]:
+    """``family -> strategy -> summary.json`` of every finished run (missing ones are skipped)."""
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for family in study.families:
+        for strategy in study.strategies:
+            path = Path(study.output_dir) / family.name / strategy / "summary.json"
+            if path.is_file():
+                found.setdefault(family.name, {})[strategy] = json.loads(path.read_text())
+    return found
+
+
+def _table1(study, summaries) -> list[str]:
+    lines = [
+        "## Table 1: Stage 1's head order and the matcher's variants (first attention layer)",
+        "",
+        "Rank of the head order Stage 1 picks among all 24 orders of the first layer (each followed "
+        "by the full Stage 2), `L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100`, and the "
+        "aligned barrier as % of the naive one for each variant (loss barrier; accuracy in the "
+        "second table).",
+        "",
+        "| family | pairs | rank (loss) | L_hat loss | rank (acc) | L_hat acc | "
+        + " | ".join(VARIANTS.values())
+        + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(VARIANTS),
+    ]
+    accuracy = ["", "| family | " + " | ".join(f"{v}, accuracy" for v in VARIANTS.values()) + " |"]
+    accuracy.append("|---|" + "---|" * len(VARIANTS))
+    for family in study.families:
+        summary = summaries.get(family.name, {}).get("first_attention")
+        if not family.table1 or not summary or "head_orders" not in summary:
+            continue
+        orders = summary["head_orders"]["alignments"].get("full", {})
+        loss, acc = orders.get("loss_barrier", {}), orders.get("accuracy_barrier", {})
+        ratios = {label: summary["alignments"].get(label, {}).get("barrier_ratio", {}) for label in VARIANTS}
+        lines.append(
+            f"| {family.title} | {len(summary['pairs'])} | {_cell(loss.get('rank'))} | {_cell(loss.get('l_hat'))} "
+            f"| {_cell(acc.get('rank'))} | {_cell(acc.get('l_hat'))} | "
+            + " | ".join(_cell(ratios[label].get("loss_barrier"), unit=" %") for label in VARIANTS)
+            + " |"
+        )
+        accuracy.append(
+            f"| {family.title} | "
+            + " | ".join(_cell(ratios[label].get("accuracy_barrier"), unit=" %") for label in VARIANTS)
+            + " |"
+        )
+    lines.append(
+        "| paper (ViT/BERT, 4 data sets) | 10 | low | near 0 | low | near 0 | "
+        + " | ".join(PAPER_TABLE1.values())
+        + " |"
+    )
+    return lines + accuracy
+
+
+def _appendix_k(study, summaries) -> list[str]:
+    lines = [
+        "## Appendix K: Stage 1 metrics",
+        "",
+        "Each metric's head order, followed by the full Stage 2: its rank among the 24 orders, `L_hat` and "
+        "the aligned loss barrier as % of the naive one.",
+        "",
+        "| family | metric | rank (loss) | L_hat loss | loss ratio | rank (acc) | L_hat acc |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for family in study.families:
+        summary = summaries.get(family.name, {}).get("first_attention")
+        if not family.table1 or not summary or "head_orders" not in summary:
+            continue
+        for label, metric in METRICS.items():
+            orders = summary["head_orders"]["alignments"].get(label)
+            entry = summary["alignments"].get(label)
+            if not orders or not entry:
+                continue
+            loss, acc = orders["loss_barrier"], orders["accuracy_barrier"]
+            ratio = _cell(entry["barrier_ratio"]["loss_barrier"], unit=" %")
+            lines.append(
+                f"| {family.title} | `{metric}` | {_cell(loss['rank'])} | {_cell(loss['l_hat'])} | {ratio} "
+                f"| {_cell(acc['rank'])} | {_cell(acc['l_hat'])} |"
+            )
+    return lines
+
+
+def _strategies(study, summaries) -> list[str]:
+    lines = [
+        "## The four re-initialization strategies",
+        "",
+        "Loss and accuracy barriers of the naive and the aligned (full method) interpolation, and the "
+        "aligned barrier as % of the naive one; `aligned < naive` counts the pairs whose aligned loss "
+        "barrier is below the naive one.",
+        "",
+        "| family | strategy | pairs | naive loss barrier | aligned loss barrier | loss ratio "
+        "| naive acc barrier | aligned acc barrier | acc ratio | aligned < naive | paper |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for family in study.families:
+        for strategy in study.strategies:
+            summary = summaries.get(family.name, {}).get(strategy)
+            if not summary or "full" not in summary["alignments"]:
+                continue
+            entry = summary["alignments"]["full"]
+            below = sum(
+                pair["aligned"]["loss_barrier"] < pair["naive"]["loss_barrier"] for pair in entry["per_pair"].values()
+            )
+            lines.append(
+                f"| {family.title} | {strategy} | {len(summary['pairs'])} "
+                f"| {_cell(entry['naive']['loss_barrier'], 3)} | {_cell(entry['aligned']['loss_barrier'], 3)} "
+                f"| {_cell(entry['barrier_ratio']['loss_barrier'], unit=' %')} "
+                f"| {_cell(entry['naive']['accuracy_barrier'], 3)} | {_cell(entry['aligned']['accuracy_barrier'], 3)} "
+                f"| {_cell(entry['barrier_ratio']['accuracy_barrier'], unit=' %')} "
+                f"| {below}/{len(entry['per_pair'])} | {PAPER_STRATEGIES[strategy]} |"
+            )
+    return lines
+
+
+def _figure(family, strategies: dict[str, dict[str, Any]], path: Path) -> None:
+    """Mean naive and aligned loss curves with a ±1 std band, one panel per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(strategies), figsize=(3.2 * len(strategies), 2.8), squeeze=False)
+    for axis, (strategy, summary) in zip(axes[0], strategies.items()):
+        for curve, color in (("naive", "tab:red"), ("aligned", "tab:blue")):
+            points = summary["alignments"]["full"]["mean_curves"][curve]
+            alphas = [p["alpha"] for p in points]
+            mean = [p["loss"] for p in points]
+            std = [p["loss_std"] for p in points]
+            axis.plot(alphas, mean, color=color, label=curve)
+            axis.fill_between(
+                alphas, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2
+            )
+        axis.set_title(f"{strategy} ({len(summary['pairs'])} pairs)", fontsize=9)
+        axis.set_xlabel("alpha")
+    axes[0][0].set_ylabel("validation loss")
+    axes[0][0].legend(fontsize=8)
+    figure.suptitle(family.title, fontsize=10)
+    figure.tight_layout()
+    atomic_write(path, lambda p: figure.savefig(p, format="png", dpi=90, metadata={"Software": None}))
+    plt.close(figure)
+
+
+def write_report(study) -> dict[str, Any]:
+    """Write ``study.report`` and its figures from the finished runs; returns the summaries read."""
+    summaries = _summaries(study)
+    report = Path(study.report)
+    figures = report.with_suffix("")
+    lines = [
+        "# Results: the paper's study at small scale",
+        "",
+        f"Written by `lmc repro` from `{study.output_dir}` (the study `configs/study/repro.yaml`); "
+        "regenerate it with `make repro` rather than editing it. Every cell is the mean ± standard "
+        "deviation over pairs of fine-tuned seeds; curves are measured on the validation split, 25 "
+        "points. Figures from the paper stand beside lmc's where it has one.",
+        "",
+        "| family | experiment config | strategies run |",
+        "|---|---|---|",
+    ]
+    for family in study.families:
+        done = ", ".join(summaries.get(family.name, {})) or "none"
+        lines.append(f"| {family.title} | `{family.experiment}` | {done} |")
+    lines += ["", *_table1(study, summaries), "", *_appendix_k(study, summaries), "", *_strategies(study, summaries)]
+    lines += ["", "### Interpolation curves", ""]
+    for family in study.families:
+        strategies = {s: v for s, v in summaries.get(family.name, {}).items() if "full" in v["alignments"]}
+        if strategies:
+            path = figures / f"{family.name}.png"
+            _figure(family, strategies, path)
+            lines += [f"![{family.title}]({figures.name}/{path.name})", ""]
+    atomic_write_text(report, "\n".join(lines).rstrip() + "\n")
+    return {"summaries": summaries}

@@ -1,0 +1,191 @@
+"""``lmc repro``: the paper's study at small scale from one command (``make repro``).
+
+A study (``configs/study/repro.yaml``) lists model families, each an ``lmc run`` experiment
+config, and the re-initialization strategies to run on each. Per family it pre-trains once
+(in the first strategy's run), then runs every strategy with its fine-tuned seeds from that
+pre-trained checkpoint; the first-attention runs of the Table 1 families also score every head
+order and the variants of the matcher (``configs/protocol/table1.yaml``). Each run is an
+:class:`~lmc.experiment.Experiment`, so the study resumes after a kill like ``lmc run`` does.
+:mod:`lmc.report` then turns the run folders into ``docs/results.md``.
+
+Families run in parallel worker processes (``jobs``), each computing with one thread: the numbers
+do not depend on how the families are scheduled, and the same command on the same machine prints
+the same numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from lmc.symmetry import SCOPES, Scope, check_scope
+
+#: Threads per worker: a fixed count keeps the floating-point reductions, and so the numbers, fixed.
+THREADS = 1
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family of a study.
+
+    Attributes:
+        name: Folder name of its runs (``<output_dir>/<name>/<strategy>``).
+        title: How the report names it.
+        experiment: Its ``lmc run`` experiment config (model, data, trainer, schedules).
+        table1: Also score every head order and matcher variant under ``first_attention``.
+    """
+
+    name: str
+    title: str
+    experiment: str
+    table1: bool = False
+
+
+@dataclass(frozen=True)
+class Study:
+    """A set of ``lmc run`` experiments and where their report goes.
+
+    Attributes:
+        families: The model families.
+        strategies: Re-initialization strategies run on every family; the first one pre-trains.
+        seeds: Fine-tuned seeds per strategy run.
+        table1: Protocol fragment of the Table 1 runs (alignments, head orders).
+        table1_seeds: Fine-tuned seeds of the Table 1 runs (the paper averages over 10 pairs).
+        robustness: Strategies whose pairs are also evaluated under input corruptions.
+        overlays: Configs added to every run after the family's own (e.g. the quick form's).
+        output_dir: Root of the run folders.
+        report: The Markdown report; its figures go into a folder of the same name without ``.md``.
+    """
+
+    families: list[Family]
+    strategies: list[Scope] = field(default_factory=lambda: list(SCOPES))
+    seeds: int = 3
+    table1: str | None = None
+    table1_seeds: int = 5
+    robustness: list[Scope] = field(default_factory=list)
+    overlays: list[str] = field(default_factory=list)
+    output_dir: str = "runs/repro"
+    report: str = "docs/results.md"
+
+    def __post_init__(self) -> None:
+        if not self.families:
+            raise ValueError("a study needs at least one family")
+        names = [family.name for family in self.families]
+        if len(set(names)) != len(names):
+            raise ValueError(f"family names must be unique, got {names}")
+        if not self.strategies:
+            raise ValueError("a study needs at least one strategy")
+        for strategy in [*self.strategies, *self.robustness]:
+            check_scope(strategy)
+        if min(self.seeds, self.table1_seeds) < 2:
+            raise ValueError("seeds and table1_seeds must be at least 2 (a pair of fine-tuned runs)")
+        for path in [*(f.experiment for f in self.families), *self.overlays, *([self.table1] if self.table1 else [])]:
+            if not Path(path).is_file():
+                raise FileNotFoundError(
+                    f"study config {path} does not exist (paths are relative to the working folder)"
+                )
+
+    def run_arguments(self, family: Family, strategy: Scope, pretrained: Path | None) -> list[str]:
+        """The ``lmc run`` arguments of one strategy of one family."""
+        table1 = family.table1 and self.table1 is not None and strategy == "first_attention"
+        configs = [family.experiment, *([self.table1] if table1 else []), *self.overlays]
+        args = [part for config in configs for part in ("--config", config)]
+        args += [
+            f"--protocol.output_dir={Path(self.output_dir) / family.name / strategy}",
+            f"--protocol.reinit={strategy}",
+            f"--protocol.seeds={self.table1_seeds if table1 else self.seeds}",
+            "--trainer.enable_progress_bar=false",
+        ]
+        args += ["--protocol.robustness=true"] if strategy in self.robustness else []
+        return args + ([f"--protocol.pretrained={pretrained}"] if pretrained is not None else [])
+
+
+def load_study(paths: list[str | Path]) -> Study:
+    """A study from YAML files, later ones overriding earlier ones (e.g. ``configs/study/quick.yaml``)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action="config")
+    parser.add_class_arguments(Study, "study")
+    args = [part for path in paths for part in ("--config", str(path))]
+    config = parser.parse_args(args)
+    return parser.instantiate_classes(config).study
+
+
+def run_family(study: Study, family: Family) -> dict[str, float]:
+    """Every strategy of one family, in order; returns each run's wall time in seconds."""
+    import torch
+
+    from lmc.experiment import Experiment, lightning_cli
+
+    torch.set_num_threads(THREADS)
+    pretrained, seconds = None, {}
+    for strategy in study.strategies:
+        start = time.perf_counter()
+        args = study.run_arguments(family, strategy, pretrained)
+        cli = lightning_cli(args, run=False)
+        if strategy == "full_model":  # everything re-initialized: trained as long as pre-training
+            schedule = cli.config.protocol.pretrain
+            epochs = schedule.max_epochs or cli.config.trainer.max_epochs
+            lr = schedule.lr or cli.config.model.lr
+            cli = lightning_cli(
+                [*args, f"--protocol.finetune.max_epochs={epochs}", f"--protocol.finetune.lr={lr}"], run=False
+            )
+        Experiment(cli).run()
+        if pretrained is None:
+            pretrained = Path(study.output_dir) / family.name / strategy / "pretrain" / "final.ckpt"
+        seconds[strategy] = time.perf_counter() - start
+    return seconds
+
+
+def _run_family_logged(study: Study, family: Family) -> dict[str, float]:
+    """:func:`run_family` in a worker process, its output going to ``<family>/log.txt``."""
+    import logging
+
+    folder = Path(study.output_dir) / family.name
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "log.txt", "a") as log:
+        sys.stdout.flush(), sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        try:
+            for name in ("lightning.pytorch", "lightning.fabric"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            return run_family(study, family)
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+
+
+def run_study(study: Study, jobs: int = 2) -> dict[str, dict[str, float]]:
+    """Run every family (``jobs`` at a time, one thread each); returns the wall times per run."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    Path(study.output_dir).mkdir(parents=True, exist_ok=True)
+    times: dict[str, dict[str, float]] = {}
+    context = get_context("spawn")  # a fresh interpreter: no state shared with the parent
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = {family.name: pool.submit(_run_family_logged, study, family) for family in study.families}
+        for name, future in futures.items():
+            times[name] = future.result()
+            print(f"{name}: done in {sum(times[name].values()):.0f} s (log: {study.output_dir}/{name}/log.txt)")
+    return times
+
+
+def repro(paths: list[str | Path], jobs: int = 2) -> dict[str, Any]:
+    """Run a study and write its report; returns the report's data."""
+    from lmc.report import write_report
+
+    study = load_study(paths)
+    start = time.perf_counter()
+    times = run_study(study, jobs)
+    data = write_report(study)
+    print(f"study finished in {time.perf_counter() - start:.0f} s with {jobs} workers x {THREADS} thread")
+    print(f"wrote {study.report}")
+    return {"times": times, **data}
