@@ -223,7 +223,7 @@ def equivalent(
         reason = (
             f"same outputs on the probe ({outputs} <= {tolerance.output:g}) but not related by the {scope} group: "
             f"after alignment {weights} (> rtol {tolerance.weight:g}); a symmetry lmc does not model, or a "
-            "difference the probe input does not reach"
+            "difference too small or too hidden for the probe input to show"
         )
     elif weights_match:
         reason = (
