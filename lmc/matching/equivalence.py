@@ -162,10 +162,11 @@ def equivalent(
     on the test architectures).
 
     Args:
-        a: The model aligned (never modified).
-        b: The model compared with (never modified); same architecture, dtype and device.
+        a: The model aligned (never modified); "source" in :class:`AlignmentError` messages.
+        b: The model compared with (never modified; "target"); same architecture, dtype and device.
         scope: ``"first_attention"``, ``"all_attention"``, ``"first_block"`` or ``"full_model"``:
-            the group asked about. Every parameter outside it must be equal in ``a`` and ``b``.
+            the group asked about. A parameter outside it that differs makes the pair not
+            equivalent (a verdict naming it, not an error).
         options: Alignment settings; ``options.check_rtol`` is also the output tolerance
             (``None``: :data:`~lmc.matching.PROBE_RTOL` of the dtype, what rounding the forward pass
             explains; 1e-6 in float64 because HF Llama normalizes in float32). ``None`` takes the defaults.
@@ -185,12 +186,12 @@ def equivalent(
     free = set(scope_parameters(a, scope, spec))
     aligned, report = align(_with_frozen_from(a, b, free), b, scope=scope, options=options)
     dtype = next(a.parameters()).dtype
-    name = _dtype_name(dtype)
+    default = f"{_dtype_name(dtype)} default"
     tolerance = EquivalenceTolerance(
         weight=EQUIVALENCE_RTOL[dtype] if rtol is None else float(rtol),
         output=report.check_rtol,
-        weight_origin=f"{name} default" if rtol is None else "given",
-        output_origin=f"{name} default" if options.check_rtol is None else "given",
+        weight_origin=default if rtol is None else "given",
+        output_origin=default if options.check_rtol is None else "given",
     )
 
     moved, original = dict(aligned.named_parameters()), dict(a.named_parameters())
@@ -198,7 +199,7 @@ def equivalent(
     for n, target in b.named_parameters():
         value = moved[n] if n in free else original[n]
         squared[n] = (
-            float((value - target).detach().double().pow(2).sum()),
+            float((value.detach().double() - target.detach().double()).pow(2).sum()),
             float(target.detach().double().pow(2).sum()),
         )
     parameter_residual = {n: _relative(d**0.5, t**0.5) for n, (d, t) in squared.items()}
