@@ -4,8 +4,8 @@
   LightningCLI over :class:`~lmc.training.LMCModule` and any :class:`~lmc.data.LMCDataModule`.
 - ``lmc run --config configs/experiment/X.yaml [...]``: the whole protocol (pre-train, fine-tune
   seeds, align every pair, sweep, summarize; :mod:`lmc.experiment`).
-- ``lmc align``, ``lmc interpolate``, ``lmc demo``, ``lmc symmetry``: typed functions of
-  :mod:`lmc.commands`; each function's docstring is its ``--help``.
+- ``lmc align``, ``lmc interpolate``, ``lmc equivalent``, ``lmc demo``, ``lmc symmetry``: typed
+  functions of :mod:`lmc.commands`; each function's docstring is its ``--help``.
 
 Errors that come from the user's input (a missing checkpoint, a bad value, an unsupported
 model) print one line and exit with status 2; ``LMC_DEBUG=1`` shows the traceback.

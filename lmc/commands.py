@@ -152,6 +152,60 @@ def interpolate(
     print(f"barrier ratio (aligned / naive, %): {result['barrier_ratio']}; results in {output_dir}")
 
 
+def equivalent(
+    a: Path,
+    b: Path,
+    scope: Scope | None = None,
+    rtol: float | None = None,
+    output: Path | None = None,
+    overwrite: bool = False,
+    options: AlignOptions = AlignOptions(),
+) -> None:
+    """Whether checkpoints A and B compute the same function up to the symmetry group.
+
+    A is aligned to B within the group of SCOPE. They are equivalent when every parameter then
+    equals B's to RTOL (relative to its norm; parameters outside the scope must be equal as they
+    are) and their outputs agree on a probe input to --check_rtol. Prints the verdict, the
+    residuals and the tolerances. Exit status: 0 when equivalent, 1 when not, 2 for bad input.
+
+    Args:
+        a: Checkpoint to align (lmc fit / lmc run / lmc align).
+        b: Checkpoint to compare with, of the same model.
+        scope: The group asked about; default: the re-initialization the checkpoints were fine-tuned with.
+        rtol: Weight tolerance; default per dtype (lmc.matching.EQUIVALENCE_RTOL: 1e-4 in float32).
+        output: Also write the verdict, residuals, tolerances and alignment report to this JSON file.
+        overwrite: Replace OUTPUT if it exists.
+        options: Alignment settings; --check_rtol is the output tolerance (default per dtype).
+    """
+    from lmc.checkpoints import atomic_write_json
+    from lmc.matching import equivalent as equivalent_models
+
+    if output is not None:
+        if output.is_dir():
+            raise ValueError(f"--output {output} is a folder: give a file name such as {output / 'equivalence.json'}")
+        _check_outputs([output], inputs=[a, b], overwrite=overwrite)
+    model_a, model_b, hyperparameters = _load_pair(a, b)
+    scope = scope or _trained_scope(hyperparameters)
+    result = equivalent_models(model_a, model_b, scope=scope, options=options, rtol=rtol)
+    if output is not None:
+        atomic_write_json(output, result.to_dict())
+    tolerance, residual = result.tolerance, result.weight_residual
+    verdict = "equivalent" if result.equivalent else "NOT equivalent"
+    print(f"{a} and {b} are {verdict} under the {scope} group ({result.report.dtype})")
+    print(
+        f"weight residual after alignment: {residual['scope']:.3g} over the scope, {residual['all']:.3g} over all "
+        f"parameters; largest {result.parameter_residual[result.worst_parameter]:.3g} ({result.worst_parameter}); "
+        f"rtol {tolerance.weight:g} ({tolerance.weight_origin})"
+    )
+    outputs = f"{result.output_residual:.3g}; tolerance {tolerance.output:g} ({tolerance.output_origin})"
+    print(f"output residual on the probe: {outputs}")
+    print(f"reason: {result.reason}")
+    if output is not None:
+        print(f"wrote {output}")
+    if not result.equivalent:
+        raise SystemExit(1)
+
+
 def demo(output_dir: Path = Path("runs/demo"), epochs: int | None = None) -> None:
     """The main job: pre-train, fine-tune seeds, align and sweep on the embedded digits (offline, CPU).
 
@@ -206,6 +260,7 @@ def symmetry(models: list[str] = list(DEFAULT_MODELS), seed: int = 0) -> None:
 COMMANDS: dict[str, Callable[..., None]] = {
     "align": align,
     "interpolate": interpolate,
+    "equivalent": equivalent,
     "demo": demo,
     "repro": repro,
     "symmetry": symmetry,
@@ -236,6 +291,16 @@ def _check_outputs(outputs: list[Path], inputs: list[Path], overwrite: bool) -> 
     existing = [str(p) for p in outputs if p.exists()]
     if existing and not overwrite:
         raise ValueError(f"{', '.join(existing)} already exist: pass --overwrite true to replace them")
+
+
+def _load_pair(a: Path, b: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """The models of checkpoints A and B (refused unless of one model), and A's hyper-parameters."""
+    from lmc.training.module import load_trained, require_same_model
+
+    module_a, hyperparameters = load_trained(a)
+    module_b, hyperparameters_b = load_trained(b)
+    require_same_model({a: hyperparameters, b: hyperparameters_b})
+    return module_a.model, module_b.model, hyperparameters
 
 
 def _trained_scope(hyperparameters: dict[str, Any]) -> str:

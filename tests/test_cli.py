@@ -64,7 +64,7 @@ def test_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out
-    for command in ("fit", "run", "align", "interpolate", "demo", "symmetry"):
+    for command in ("fit", "run", "align", "interpolate", "equivalent", "demo", "symmetry"):
         assert f"lmc {command}" in text or f"{command} " in text
 
 

@@ -2,20 +2,26 @@
 
 ``align(source, target, scope, AlignOptions(...))`` returns a copy of ``source`` that computes
 the same function with weights close to ``target``'s, and a report of what each stage did.
+``equivalent(a, b, scope)`` says whether two models compute the same function up to the group.
 """
 
 from lmc.matching.alignment import PROBE_RTOL, AlignmentError, AlignmentReport, LayerAlignment, align
+from lmc.matching.equivalence import EQUIVALENCE_RTOL, Equivalence, EquivalenceTolerance, equivalent
 from lmc.matching.options import METHODS, METRICS, AlignOptions, Method, Metric
 
 __all__ = [
+    "EQUIVALENCE_RTOL",
     "METHODS",
     "METRICS",
     "PROBE_RTOL",
     "AlignOptions",
     "AlignmentError",
     "AlignmentReport",
+    "Equivalence",
+    "EquivalenceTolerance",
     "LayerAlignment",
     "Method",
     "Metric",
     "align",
+    "equivalent",
 ]

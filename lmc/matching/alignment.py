@@ -354,7 +354,8 @@ def _residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
     return anchors, [(n, a) for n, a in spec.residual.axes if n in through_hidden]
 
 
-def _probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: int) -> float:
+def _probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: int, role: str = "source") -> float:
+    """``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` on the probe; ``role`` names ``source`` in errors."""
     adapter = adapter_for(source)
     inputs = adapter.example_inputs(source, batch_size, torch.Generator().manual_seed(seed))
     modes = source.training, aligned.training
@@ -366,7 +367,7 @@ def _probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: i
         source.train(modes[0]), aligned.train(modes[1])
     if not _all_finite(reference):
         raise AlignmentError(
-            f"the source model's outputs on the probe input are not finite in {_dtype_name(reference.dtype)}, so no "
+            f"the {role} model's outputs on the probe input are not finite in {_dtype_name(reference.dtype)}, so no "
             "alignment can be checked; its weights overflow the forward pass (cast both models to float64 or rescale)"
         )
     return float((output - reference).double().norm() / reference.double().norm())
