@@ -341,11 +341,11 @@ def _data_module(path: Path) -> LMCDataModule:
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--data", type=LMCDataModule)
+    parser.add_subclass_arguments(LMCDataModule, "data")
     try:
         return parser.instantiate_classes(parser.parse_args(["--data", str(path)])).data
     except Exception as error:  # jsonargparse's ArgumentError and whatever the DataModule raises
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = " ".join(str(error).split()) or type(error).__name__
         raise ValueError(
             f"--data {path}: not a DataModule config ({first}); lmc checkpoints evaluate on a DataModule "
             "(configs/data/*.yaml or a class path such as lmc.data.Digits)"
