@@ -177,6 +177,10 @@ def test_unsupported_architectures_and_mismatched_pairs_are_refused(tmp_path, ca
     assert "no adapter for transformers:GPT2ForSequenceClassification" in error
     assert "n_layer is 2" in _fails(["align", str(gpt2), str(deeper), "--output", out], capsys)
     assert "timm checkpoint" in _fails(["align", str(gpt2), str(vit), "--output", out], capsys)
+    lmc_checkpoint = tmp_path / "seed0.ckpt"
+    lmc_checkpoint.write_bytes(b"weights")
+    error = _fails(["align", str(lmc_checkpoint), str(gpt2), "--output", out], capsys)
+    assert "is an lmc checkpoint but" in error and "Hugging Face model directory" in error
     not_a_model = tmp_path / "empty"
     not_a_model.mkdir()
     assert "neither a Hugging Face" in _fails(["align", str(not_a_model), str(gpt2), "--output", out], capsys)
