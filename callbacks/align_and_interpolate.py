@@ -33,13 +33,12 @@ from tqdm.auto import tqdm
 
 from lmc.checkpoints import check_output_folder, checkpoint_file, load_weights
 from lmc.connectivity import (
-    BARRIERS,
     CurveSplit,
     Evaluation,
     SweepHooks,
     check_curve_split,
-    curve_figure,
     data_identity,
+    log_to_tensorboard,
     measure_connectivity,
     retire_stale_results,
     run_record,
@@ -181,19 +180,5 @@ class AlignAndInterpolate(L.Callback):
 
     def log_results(self, trainer: L.Trainer, results: dict[str, Any]) -> None:
         experiment = getattr(trainer.logger, "experiment", None)
-        if experiment is None or not hasattr(experiment, "add_scalar"):
-            return
-        for index, (path, result) in enumerate(results["references"].items()):
-            tag = f"lmc/reference_{index}"
-            for curve, data in result["curves"].items():
-                for point in data["points"]:
-                    step = round(1000 * point["alpha"])
-                    for metric, value in point.items():
-                        if metric != "alpha":
-                            experiment.add_scalar(f"{tag}/{curve}/{metric}", value, step)
-                for name in BARRIERS:
-                    experiment.add_scalar(f"{tag}/{curve}/{name}", data[name], 0)
-            for name, value in result["barrier_ratio"].items():
-                experiment.add_scalar(f"{tag}/barrier_ratio/{name}", value, 0)
-            experiment.add_figure(f"{tag}/interpolation", curve_figure(result["curves"], Path(path).name), 0)
-        experiment.flush()
+        if experiment is not None and hasattr(experiment, "add_scalar"):
+            log_to_tensorboard(experiment, results)

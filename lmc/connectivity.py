@@ -13,6 +13,7 @@ import inspect
 import io
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -210,6 +211,43 @@ def barrier_ratios(curves: dict[str, Any]) -> dict[str, float]:
         naive = curves["naive"][name]
         ratios[name] = 100.0 * curves["aligned"][name] / naive if naive > 0 else float("nan")
     return ratios
+
+
+def with_perplexity(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` (of :func:`measure_connectivity`) with each point's ``perplexity = exp(loss)``.
+
+    For language models, where ``loss`` is the mean cross-entropy per token. Perplexity is not a
+    summed metric: it is derived from the point's mean loss where results are reported.
+    """
+    curves = {
+        curve: {**data, "points": [{**p, "perplexity": math.exp(p["loss"])} for p in data["points"]]}
+        for curve, data in result["curves"].items()
+    }
+    return {**result, "curves": curves}
+
+
+def log_to_tensorboard(experiment, results: dict[str, Any]) -> None:
+    """Curves (step ``= 1000 * alpha``), barriers, barrier ratios and figures of :func:`write_results`'s
+    ``results`` as TensorBoard scalars under ``lmc/reference_<i>/``.
+
+    Args:
+        experiment: A ``torch.utils.tensorboard.SummaryWriter`` (a TensorBoard logger's ``experiment``).
+        results: ``{"references": {name: measure_connectivity's output}, ...}``.
+    """
+    for index, (path, result) in enumerate(results["references"].items()):
+        tag = f"lmc/reference_{index}"
+        for curve, data in result["curves"].items():
+            for point in data["points"]:
+                step = round(1000 * point["alpha"])
+                for metric, value in point.items():
+                    if metric != "alpha":
+                        experiment.add_scalar(f"{tag}/{curve}/{metric}", value, step)
+            for name in BARRIERS:
+                experiment.add_scalar(f"{tag}/{curve}/{name}", data[name], 0)
+        for name, value in result["barrier_ratio"].items():
+            experiment.add_scalar(f"{tag}/barrier_ratio/{name}", value, 0)
+        experiment.add_figure(f"{tag}/interpolation", curve_figure(result["curves"], Path(path).name), 0)
+    experiment.flush()
 
 
 def curve_figure(curves: dict[str, Any], title: str):

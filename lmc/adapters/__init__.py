@@ -7,12 +7,20 @@ when one of their models is described.
 
 from lmc.adapters import huggingface, reference, timm_vision  # noqa: F401  (registration)
 from lmc.adapters.api import apply_transform, describe, model_spec, random_symmetry, scope_parameters
-from lmc.adapters.base import ModelAdapter, UnsupportedModelError, adapter_for, list_adapters, register_adapter
+from lmc.adapters.base import (
+    ModelAdapter,
+    UnsupportedModelError,
+    adapter_for,
+    adapter_for_class,
+    list_adapters,
+    register_adapter,
+)
 
 __all__ = [
     "ModelAdapter",
     "UnsupportedModelError",
     "adapter_for",
+    "adapter_for_class",
     "apply_transform",
     "describe",
     "list_adapters",

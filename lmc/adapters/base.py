@@ -76,11 +76,20 @@ def adapter_for(model: nn.Module) -> ModelAdapter:
     Raises:
         UnsupportedModelError: No adapter is registered; the message lists the supported models.
     """
-    for cls in type(model).__mro__:
+    return adapter_for_class(type(model))
+
+
+def adapter_for_class(model_class: type) -> ModelAdapter:
+    """The adapter for models of ``model_class`` (or a base class), checked before any model is built.
+
+    Raises:
+        UnsupportedModelError: No adapter is registered; the message lists the supported models.
+    """
+    for cls in model_class.__mro__:
         if (key := _class_key(cls)) in _REGISTRY:
             return _REGISTRY[key]
     raise UnsupportedModelError(
-        f"lmc has no adapter for {_class_key(type(model))}. Supported models: {', '.join(list_adapters())}. "
+        f"lmc has no adapter for {_class_key(model_class)}. Supported models: {', '.join(list_adapters())}. "
         "To add one, subclass lmc.adapters.ModelAdapter and decorate it with @register_adapter('<package>:<Class>')."
     )
 

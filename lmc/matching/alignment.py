@@ -27,7 +27,16 @@ from lmc.matching.heads import assign_heads, head_cost
 from lmc.matching.options import AlignOptions
 from lmc.matching.permutation import axis_correlation, best_permutation
 from lmc.matching.stage2 import attention_stages, stage_distances
-from lmc.symmetry import AxisPermutation, ModelTransform, Scope, SymmetrySpec, check_scope, head_rows, scope_blocks
+from lmc.symmetry import (
+    AxisPermutation,
+    ModelTransform,
+    Scope,
+    SymmetrySpec,
+    check_scope,
+    compute_dtype,
+    head_rows,
+    scope_blocks,
+)
 
 PROBE_RTOL: dict[torch.dtype, float] = {
     torch.float64: 1e-6,
@@ -77,7 +86,9 @@ class AlignmentReport:
     Attributes:
         scope: As requested.
         options: As requested.
-        dtype: The models' parameter dtype, e.g. ``"float32"``.
+        dtype: The models' parameter dtype, e.g. ``"float32"`` (the aligned weights are written back in it).
+        compute_dtype: The dtype of the Gram matrices and transforms (``float32`` for half-precision
+            weights); Stage 1 costs and the per-head Stage 2 problems are solved in ``float64``.
         check_rtol: The probe tolerance applied: ``options.check_rtol``, or :data:`PROBE_RTOL` of ``dtype``.
         layers: One entry per aligned attention layer, FFN, task head and the residual stream.
         transform: The group element mapping the source's weights to the aligned ones.
@@ -90,6 +101,7 @@ class AlignmentReport:
     options: AlignOptions
     dtype: str
     check_rtol: float
+    compute_dtype: str = ""
     layers: list[LayerAlignment] = field(default_factory=list)
     transform: ModelTransform = field(default_factory=ModelTransform)
     distance: dict[str, float] = field(default_factory=dict)
@@ -102,6 +114,7 @@ class AlignmentReport:
             "scope": self.scope,
             "options": asdict(self.options),
             "dtype": self.dtype,
+            "compute_dtype": self.compute_dtype,
             "check_rtol": self.check_rtol,
             "distance": self.distance,
             "probe_relative_error": self.probe_relative_error,
@@ -405,7 +418,7 @@ def align(
     spec = _check_pair(source, target, scope)
     dtype = next(source.parameters()).dtype
     rtol = PROBE_RTOL[dtype] if options.check_rtol is None else options.check_rtol
-    report = AlignmentReport(scope, options, _dtype_name(dtype), rtol)
+    report = AlignmentReport(scope, options, _dtype_name(dtype), rtol, _dtype_name(compute_dtype(dtype)))
     aligner = _Aligner(source, target, spec, report)
 
     if options.method != "naive":

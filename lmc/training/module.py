@@ -120,14 +120,7 @@ class LMCModule(L.LightningModule):
         Sums, not means, so that shards and batches combine exactly. A metric added here is
         logged in training and swept by the interpolation without any other change.
         """
-        logits = self(batch)
-        labels = batch["labels"].reshape(-1)
-        logits = logits.reshape(-1, logits.shape[-1]).float()
-        return {
-            "count": torch.tensor(labels.numel(), dtype=torch.float64, device=labels.device),
-            "loss": F.cross_entropy(logits, labels, reduction="sum").double(),
-            "accuracy": (logits.argmax(-1) == labels).sum().double(),
-        }
+        return classification_sums(self(batch), batch["labels"])
 
     def _mean(self, stage: str, name: str) -> MeanMetric:
         key = f"{stage}_{name}"
@@ -177,6 +170,22 @@ class LMCModule(L.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def classification_sums(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``count``, summed cross-entropy ``loss`` and ``accuracy`` (correct predictions) as float64 scalars.
+
+    Args:
+        logits: ``(B, classes)`` or ``(B, T, vocab)``, any float dtype (the loss is taken in float32).
+        labels: ``(B,)`` or ``(B, T)`` class indices.
+    """
+    labels = labels.reshape(-1)
+    logits = logits.reshape(-1, logits.shape[-1]).float()
+    return {
+        "count": torch.tensor(labels.numel(), dtype=torch.float64, device=labels.device),
+        "loss": F.cross_entropy(logits, labels, reduction="sum").double(),
+        "accuracy": (logits.argmax(-1) == labels).sum().double(),
+    }
 
 
 #: Hyper-parameters that fix the backbone's architecture (the rest are training settings).

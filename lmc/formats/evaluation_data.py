@@ -1,0 +1,277 @@
+"""The user's own evaluation data for external models, as lmc batches (:mod:`lmc.data.base`).
+
+- causal LMs: a ``.txt`` file, or a table (a local HF dataset folder written by
+  ``save_to_disk``, ``.json`` / ``.jsonl`` / ``.csv`` / ``.parquet``) with a text column;
+  tokenized with the model directory's own tokenizer, joined (EOS between texts when the
+  tokenizer has one) and cut into non-overlapping windows of ``sequence_length`` tokens;
+- sequence classifiers: a table with a text and a label column (integers, or names from the
+  config's ``label2id``); texts truncated to ``sequence_length`` tokens;
+- timm image models: an image folder with one subfolder per class (torchvision
+  ``ImageFolder``; classes sorted by name are labels 0, 1, ...), resized and normalized with
+  the model's timm data config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from lmc.data.base import TensorDictDataset, TokenWindows
+from lmc.tasks import Task
+
+TABLE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+#: HF ``DatasetDict`` split names tried for each curve split.
+DATASET_SPLITS = {"val": ("validation", "val", "valid", "dev"), "test": ("test",)}
+
+
+@dataclass(frozen=True)
+class EvaluationData:
+    """User data ready to evaluate.
+
+    Attributes:
+        dataset: Samples in lmc's batch format.
+        task: ``"causal_lm"``, ``"text_classification"`` or ``"image_classification"``.
+        identity: What identifies the data in a sweep's key (path, settings, size and time stamp).
+    """
+
+    dataset: Dataset
+    task: Task
+    identity: dict[str, Any]
+
+
+def model_task(model: nn.Module) -> Task:
+    """The task of a supported HF or timm model, from its class."""
+    name = type(model).__name__
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal_lm"
+    if name.endswith("ForSequenceClassification"):
+        return "text_classification"
+    if type(model).__module__.startswith("timm."):
+        return "image_classification"
+    raise ValueError(f"lmc does not know which data {name} evaluates on")
+
+
+def read_columns(path: str | Path, columns: list[str], split: str) -> dict[str, list]:
+    """The named columns of a local HF dataset folder or a ``.json``/``.jsonl``/``.csv``/``.parquet`` file.
+
+    Raises:
+        ValueError: Not a table lmc reads, or a column is missing (the message lists those present).
+    """
+    path = Path(path)
+    if path.is_dir():
+        table = _load_from_disk(path, split)
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet
+
+        table = pyarrow.parquet.read_table(path).to_pydict()
+    elif path.suffix == ".csv":
+        import pyarrow.csv
+
+        table = pyarrow.csv.read_csv(path).to_pydict()
+    elif path.suffix in (".json", ".jsonl"):
+        table = _read_json(path)
+    else:
+        raise ValueError(f"{path}: lmc reads .txt, {', '.join(TABLE_SUFFIXES)} files or a save_to_disk folder")
+    missing = [c for c in columns if c not in table]
+    if missing:
+        raise ValueError(
+            f"{path} has no column {missing[0]!r} (columns: {', '.join(map(str, table))}); "
+            "name the right one with --text_column / --label_column"
+        )
+    return {c: list(table[c]) for c in columns}
+
+
+def _read_json(path: Path) -> dict[str, list]:
+    text = path.read_text()
+    try:
+        rows = json.loads(text)
+    except ValueError:  # JSON lines
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if isinstance(rows, dict):  # {"column": [values]}
+        return rows
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{path} holds neither records ([{{...}}] or one object per line) nor columns")
+    columns = dict.fromkeys(k for r in rows for k in r)
+    return {c: [r.get(c) for r in rows] for c in columns}
+
+
+def _load_from_disk(path: Path, split: str) -> dict[str, list]:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError as error:
+        raise ValueError(f"{path} is a folder but not a dataset written by save_to_disk ({error})") from error
+    if isinstance(loaded, datasets.DatasetDict):
+        names = [n for n in DATASET_SPLITS[split] if n in loaded]
+        if not names:
+            raise ValueError(
+                f"{path} has splits {sorted(loaded)}, none of them a {split} split ({'/'.join(DATASET_SPLITS[split])})"
+            )
+        loaded = loaded[names[0]]
+    return loaded.to_dict()
+
+
+def _stamp(path: Path) -> dict[str, int]:
+    """Size, file count and latest modification of a file or folder: a change of the data changes the sweep key."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    stats = [p.stat() for p in files]
+    return {
+        "files": len(files),
+        "bytes": sum(s.st_size for s in stats),
+        "modified_ns": max((s.st_mtime_ns for s in stats), default=0),
+    }
+
+
+def evaluation_data(
+    path: str | Path,
+    model: nn.Module,
+    tokenizer_folder: str | Path | None,
+    split: str,
+    text_column: str = "text",
+    label_column: str = "label",
+    sequence_length: int = 128,
+) -> EvaluationData:
+    """The user's data at ``path`` as samples for ``model`` (see the module docstring for the layouts).
+
+    Args:
+        path: A ``.txt`` file, a table file, a ``save_to_disk`` folder or an image folder.
+        model: The model to evaluate (its class says the task).
+        tokenizer_folder: The HF model directory holding the tokenizer (text models).
+        split: ``"val"`` or ``"test"``: the split of a ``DatasetDict`` folder.
+        text_column, label_column: Column names in tables.
+        sequence_length: Tokens per window (causal LMs) or per text at most (classifiers).
+
+    Raises:
+        ValueError: Data the model cannot evaluate, or that does not fit it (the message names the fix).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"the data {path} does not exist")
+    if sequence_length < 1:
+        raise ValueError(f"--sequence_length must be positive, got {sequence_length}")
+    task = model_task(model)
+    identity = {"path": str(path.resolve()), "task": task, **_stamp(path)}
+    if task == "image_classification":
+        return EvaluationData(_image_folder(path, model), task, identity)
+    tokenizer = _tokenizer(tokenizer_folder)
+    identity.update(text_column=text_column, sequence_length=sequence_length)
+    if task == "causal_lm":
+        texts = [path.read_text()] if path.suffix == ".txt" else read_columns(path, [text_column], split)[text_column]
+        tokens = _token_stream(tokenizer, [str(t) for t in texts], model.config.vocab_size)
+        if len(tokens) < sequence_length + 1:
+            raise ValueError(
+                f"{path} gives {len(tokens)} tokens, fewer than one sequence of {sequence_length} + 1: "
+                "lower --sequence_length or give more text"
+            )
+        return EvaluationData(TokenWindows(tokens, sequence_length), task, identity)
+    if path.suffix == ".txt":
+        raise ValueError(f"{path} holds no labels: a sequence classifier needs a table with text and label columns")
+    identity["label_column"] = label_column
+    table = read_columns(path, [text_column, label_column], split)
+    labels = _labels(table[label_column], model.config, path)
+    ids, mask = _padded(tokenizer, [str(t) for t in table[text_column]], sequence_length, model.config.vocab_size)
+    return EvaluationData(TensorDictDataset(inputs=ids, attention_mask=mask, labels=labels), task, identity)
+
+
+def _tokenizer(folder: str | Path | None):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"cannot load the tokenizer of {folder} ({str(error).splitlines()[0]}): the model directory needs its "
+            "tokenizer files (tokenizer.json, tokenizer_config.json, ...) to read text data"
+        ) from error
+
+
+def _check_vocabulary(ids: torch.Tensor, vocab_size: int) -> None:
+    if len(ids) and int(ids.max()) >= vocab_size:
+        raise ValueError(
+            f"the tokenizer gives id {int(ids.max())}, outside the model's vocabulary of {vocab_size}: "
+            "the tokenizer files do not belong to this model"
+        )
+
+
+def _token_stream(tokenizer, texts: list[str], vocab_size: int) -> torch.Tensor:
+    separator = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    stream = []
+    for ids in tokenizer(texts)["input_ids"]:
+        stream += ids + separator
+    tokens = torch.tensor(stream[: len(stream) - len(separator)], dtype=torch.long)
+    _check_vocabulary(tokens, vocab_size)
+    return tokens
+
+
+def _padded(tokenizer, texts: list[str], length: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    encoded = tokenizer(texts, truncation=True, max_length=length)["input_ids"]
+    pad = tokenizer.pad_token_id or 0
+    ids = torch.full((len(encoded), length), pad, dtype=torch.long)
+    mask = torch.zeros(len(encoded), length, dtype=torch.long)
+    for row, sequence in enumerate(encoded):
+        ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
+        mask[row, : len(sequence)] = 1
+    _check_vocabulary(ids, vocab_size)
+    return ids, mask
+
+
+def _labels(values: list, config, path: Path) -> torch.Tensor:
+    names = getattr(config, "label2id", None) or {}
+    try:
+        labels = torch.tensor([names[v] if isinstance(v, str) else int(v) for v in values], dtype=torch.long)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"{path}: label {error} is neither a class index nor one of the model's label names {sorted(names)}"
+        ) from error
+    if len(labels) == 0:
+        raise ValueError(f"{path} holds no rows")
+    if int(labels.min()) < 0 or int(labels.max()) >= config.num_labels:
+        raise ValueError(f"{path}: labels must lie in [0, {config.num_labels}), the model's classes")
+    return labels
+
+
+def _image_folder(path: Path, model: nn.Module) -> Dataset:
+    from PIL import Image
+    from timm.data import create_transform, resolve_data_config
+    from torchvision.datasets import ImageFolder
+
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a folder: a timm model evaluates on an image folder, one subfolder per class")
+    config = resolve_data_config({}, model=model)
+    channels = config["input_size"][0]
+    transform = create_transform(**config, is_training=False)
+
+    def load(file: str) -> Image.Image:
+        with Image.open(file) as image:
+            return image.convert("L" if channels == 1 else "RGB")
+
+    try:
+        folder = ImageFolder(str(path), transform=transform, loader=load)
+    except (FileNotFoundError, OSError) as error:
+        raise ValueError(f"{path}: {error}; put the images in one subfolder per class") from error
+    if len(folder.classes) > model.num_classes:
+        raise ValueError(
+            f"{path} has {len(folder.classes)} class folders, but the model has {model.num_classes} classes"
+        )
+    return _ImageSamples(folder)
+
+
+class _ImageSamples(Dataset):
+    """``ImageFolder``'s ``(image, label)`` pairs as lmc samples."""
+
+    def __init__(self, folder: Dataset):
+        self.folder = folder
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        image, label = self.folder[index]
+        return {"inputs": image, "labels": torch.tensor(label)}

@@ -1,0 +1,67 @@
+"""Tiny Hugging Face model directories and timm checkpoints, written in the test (nothing is downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lmc.models import create_model, randomize_parameters_
+
+WORDS = "the a cat dog sat ran on under mat log red blue big small and".split()
+SPECIAL = ["[PAD]", "[UNK]", "[EOS]"]
+
+# test id -> (zoo name, config overrides); every one of lmc's HF and timm families.
+HF_MODELS = {
+    "gpt2": ("gpt2-tiny", {}),
+    "bert": ("bert-tiny", {}),
+    "roformer": ("roformer-tiny", {}),
+    "llama-gqa": ("llama-tiny", {"attention_bias": True}),
+    "llama-gqa-tied": ("llama-tiny", {"tie_word_embeddings": True}),
+}
+TIMM_MODELS = {"vit": ("vit-tiny", {}), "eva02": ("eva02-tiny", {})}
+# Functionally equal float32 models agree to float32 rounding (observed ~1e-6 relative).
+FLOAT32_RTOL, FLOAT32_ATOL = 1e-4, 1e-5
+
+
+def model(name: str, overrides: dict, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A tiny model with non-trivial random weights (randomized in float64, stored in ``dtype``)."""
+    built = create_model(name, dtype=torch.float64, **overrides)
+    return randomize_parameters_(built, seed=seed, scale=0.5).to(dtype).eval()
+
+
+def save_tokenizer(folder: Path) -> None:
+    """A word-level tokenizer of :data:`WORDS` (ids below 64, the tiny models' vocabulary) saved into ``folder``."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    vocabulary = {word: index for index, word in enumerate(SPECIAL + WORDS)}
+    backend = Tokenizer(WordLevel(vocabulary, unk_token="[UNK]"))
+    backend.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]"
+    )
+    tokenizer.save_pretrained(str(folder))
+
+
+def save_hf(network: nn.Module, folder: Path, tokenizer: bool = True, max_shard_size: str | None = None) -> Path:
+    network.save_pretrained(str(folder), **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
+    if tokenizer:
+        save_tokenizer(folder)
+    return folder
+
+
+def save_timm(network: nn.Module, folder: Path) -> Path:
+    from timm.models import save_for_hf
+
+    save_for_hf(network, str(folder), safe_serialization=True)
+    return folder
+
+
+def sentences(count: int, seed: int = 0) -> list[str]:
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(len(WORDS), (count, 7), generator=generator)
+    return [" ".join(WORDS[i] for i in row) for row in picks.tolist()]

@@ -1,0 +1,231 @@
+"""`lmc align` on Hugging Face model directories and timm checkpoints: outputs load back with the
+library's own loader, compute the source's function (aligned) or the merge (merged)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmc.adapters import adapter_for, random_symmetry
+from lmc.checkpoints import save_weights
+from lmc.cli import main
+from lmc.formats import atomic_output_folder
+from lmc.matching.alignment import PROBE_RTOL
+from tests.formats.checkpoints import (
+    FLOAT32_ATOL,
+    FLOAT32_RTOL,
+    HF_MODELS,
+    TIMM_MODELS,
+    model,
+    save_hf,
+    save_timm,
+)
+
+
+def _fails(argv: list[str], capsys) -> str:
+    capsys.readouterr()  # what the test itself printed
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith("lmc: error: "), error
+    return error
+
+
+def _logits(network: torch.nn.Module, seed: int = 3) -> torch.Tensor:
+    adapter = adapter_for(network)
+    inputs = adapter.example_inputs(network, 3, torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return adapter.forward(network.eval(), inputs)
+
+
+def _hf_load(folder: Path) -> torch.nn.Module:
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    return getattr(transformers, config.architectures[0]).from_pretrained(str(folder), local_files_only=True).eval()
+
+
+def _timm_load(folder: Path) -> torch.nn.Module:
+    import timm
+
+    return timm.create_model(f"local-dir:{folder}", pretrained=True).eval()  # the README's load-back line
+
+
+def _check_merged(merged: torch.nn.Module, target: torch.nn.Module, aligned: torch.nn.Module, alpha: float) -> None:
+    target_parameters, aligned_parameters = dict(target.named_parameters()), dict(aligned.named_parameters())
+    for name, value in merged.named_parameters():
+        expected = torch.lerp(target_parameters[name].float(), aligned_parameters[name].float(), alpha)
+        torch.testing.assert_close(value, expected.to(value.dtype), rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("key", list(HF_MODELS))
+def test_hf_directories_align_and_merge_into_loadable_directories(key, tmp_path, capsys):
+    name, overrides = HF_MODELS[key]
+    source_dir = save_hf(model(name, overrides, seed=0), tmp_path / "source")
+    target_dir = save_hf(model(name, overrides, seed=1), tmp_path / "target")
+    output = tmp_path / "out"
+    main(["align", str(source_dir), str(target_dir), "--output", str(output), "--merge-alpha", "[0.25]"])
+    assert "distance to target" in capsys.readouterr().out
+
+    source, target = _hf_load(source_dir), _hf_load(target_dir)
+    aligned, merged = _hf_load(output / "aligned"), _hf_load(output / "merged_0.25")
+    torch.testing.assert_close(_logits(aligned), _logits(source), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+    assert not torch.allclose(_logits(merged), _logits(source), rtol=1e-2)  # a merge, not a copy
+    _check_merged(merged, target, aligned, 0.25)
+    if source.get_output_embeddings() is not None and source.config.tie_word_embeddings:
+        assert aligned.get_output_embeddings().weight is aligned.get_input_embeddings().weight
+        assert merged.get_output_embeddings().weight is merged.get_input_embeddings().weight
+    for folder in ("aligned", "merged_0.25"):
+        assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in (output / folder).iterdir()}
+    report = json.loads((output / "report.json").read_text())
+    assert report["format"] == "huggingface" and report["alignment"]["scope"] == "full_model"
+    assert report["alignment"]["distance"]["aligned"] < report["alignment"]["distance"]["naive"]
+    assert report["checks"]["written_and_read_back"]["relative_output_change"] <= PROBE_RTOL[torch.float32]
+    assert not list(output.glob(".*"))  # no temporary folder left
+
+
+def test_a_planted_pair_is_recovered_through_the_cli(tmp_path):
+    # The target is the source under a random full_model symmetry: aligning must find the target's weights.
+    source = model("llama-tiny", {}, seed=0, dtype=torch.float64)
+    target = random_symmetry(source, scope="full_model", seed=5)
+    source_dir, target_dir = save_hf(source, tmp_path / "s", False), save_hf(target, tmp_path / "t", False)
+    main(["align", str(source_dir), str(target_dir), "--output", str(tmp_path / "out")])
+    aligned = _hf_load(tmp_path / "out" / "aligned")
+    assert next(aligned.parameters()).dtype == torch.float64
+    for (name, value), expected in zip(aligned.named_parameters(), target.parameters()):
+        torch.testing.assert_close(value, expected, rtol=0, atol=1e-9, msg=name)
+
+
+def test_sharded_directories_are_read_and_written_sharded(tmp_path):
+    source_dir = save_hf(model("llama-tiny", {}, seed=0), tmp_path / "s", max_shard_size="20KB")
+    target_dir = save_hf(model("llama-tiny", {}, seed=1), tmp_path / "t", max_shard_size="20KB")
+    main(["align", str(source_dir), str(target_dir), "--output", str(tmp_path / "out")])
+    written = tmp_path / "out" / "aligned"
+    index = json.loads((written / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    largest = max(p.stat().st_size for p in source_dir.glob("model-*.safetensors"))
+    assert all(p.stat().st_size <= largest for p in written.glob("model-*.safetensors"))
+    torch.testing.assert_close(
+        _logits(_hf_load(written)), _logits(_hf_load(source_dir)), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
+def test_bf16_checkpoints_align_in_float32_and_are_written_back_in_bf16(name, tmp_path):
+    source_dir = save_hf(model(name, {}, seed=0, dtype=torch.bfloat16), tmp_path / "s")
+    target_dir = save_hf(model(name, {}, seed=1, dtype=torch.bfloat16), tmp_path / "t")
+    output = tmp_path / "out"
+    main(["align", str(source_dir), str(target_dir), "--output", str(output), "--merge-alpha", "[0.5]"])
+    source, target = _hf_load(source_dir), _hf_load(target_dir)
+    aligned, merged = _hf_load(output / "aligned"), _hf_load(output / "merged_0.5")
+    assert {p.dtype for p in aligned.parameters()} == {p.dtype for p in merged.parameters()} == {torch.bfloat16}
+    report = json.loads((output / "report.json").read_text())
+    assert (report["stored_dtype"], report["compute_dtype"], report["per_head_problem_dtype"]) == (
+        "bfloat16",
+        "float32",
+        "float64",
+    )
+    rtol = PROBE_RTOL[torch.bfloat16]
+    assert report["checks"]["aligned_model"]["rtol"] == report["checks"]["written_and_read_back"]["rtol"] == rtol
+    expected, found = _logits(source).double(), _logits(aligned).double()
+    assert float((found - expected).norm() / expected.norm()) <= rtol
+    _check_merged(merged, target, aligned, 0.5)
+
+
+@pytest.mark.parametrize("key", list(TIMM_MODELS))
+def test_timm_folders_align_and_merge_into_loadable_folders(key, tmp_path):
+    name, overrides = TIMM_MODELS[key]
+    source_dir = save_timm(model(name, overrides, seed=0), tmp_path / "source")
+    target_dir = save_timm(model(name, overrides, seed=1), tmp_path / "target")
+    output = tmp_path / "out"
+    main(["align", str(source_dir), str(target_dir), "--output", str(output), "--merge-alpha", "[0.5]"])
+    source, target = _timm_load(source_dir), _timm_load(target_dir)
+    aligned, merged = _timm_load(output / "aligned"), _timm_load(output / "merged_0.5")
+    assert type(aligned) is type(source)
+    torch.testing.assert_close(_logits(aligned), _logits(source), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+    _check_merged(merged, target, aligned, 0.5)
+    assert json.loads((output / "report.json").read_text())["format"] == "timm"
+
+
+def test_timm_state_dict_files_take_the_model_name_and_arguments(tmp_path):
+    arguments = dict(embed_dim=32, depth=2, num_heads=4, img_size=8, patch_size=2, in_chans=1, num_classes=10)
+    source, target = model("vit-tiny", {}, seed=0), model("vit-tiny", {}, seed=1)
+    source_file, target_file = save_weights(source, tmp_path / "s.safetensors"), tmp_path / "t.pth"
+    torch.save(target.state_dict(), target_file)
+    flags = ["--timm-model", "vit_tiny_patch16_224", "--timm-args", json.dumps(arguments)]
+    main(["align", str(source_file), str(target_file), "--output", str(tmp_path / "out"), *flags])
+    aligned = _timm_load(tmp_path / "out" / "aligned")
+    torch.testing.assert_close(_logits(aligned), _logits(source), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+
+
+def test_unsupported_architectures_and_mismatched_pairs_are_refused(tmp_path, capsys):
+    import transformers
+
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=32, pad_token_id=0)
+    unsupported = tmp_path / "classifier"
+    transformers.GPT2ForSequenceClassification(config).save_pretrained(str(unsupported))
+    gpt2 = save_hf(model("gpt2-tiny", {}, seed=0), tmp_path / "gpt2", tokenizer=False)
+    deeper = save_hf(model("gpt2-tiny", {"n_layer": 3}, seed=1), tmp_path / "deeper", tokenizer=False)
+    vit = save_timm(model("vit-tiny", {}, seed=0), tmp_path / "vit")
+    out = str(tmp_path / "out")
+
+    error = _fails(["align", str(unsupported), str(unsupported), "--output", out], capsys)
+    assert "no adapter for transformers:GPT2ForSequenceClassification" in error
+    assert "n_layer is 2" in _fails(["align", str(gpt2), str(deeper), "--output", out], capsys)
+    assert "timm checkpoint" in _fails(["align", str(gpt2), str(vit), "--output", out], capsys)
+    lmc_checkpoint = tmp_path / "seed0.ckpt"
+    lmc_checkpoint.write_bytes(b"weights")
+    error = _fails(["align", str(lmc_checkpoint), str(gpt2), "--output", out], capsys)
+    assert "is an lmc checkpoint but" in error and "Hugging Face model directory" in error
+    not_a_model = tmp_path / "empty"
+    not_a_model.mkdir()
+    assert "neither a Hugging Face" in _fails(["align", str(not_a_model), str(gpt2), "--output", out], capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_outputs_never_go_over_inputs_and_are_never_half_written(tmp_path, capsys, monkeypatch):
+    source = save_hf(model("gpt2-tiny", {}, seed=0), tmp_path / "source", tokenizer=False)
+    target = save_hf(model("gpt2-tiny", {}, seed=1), tmp_path / "target", tokenizer=False)
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    error = _fails(["align", str(source), str(target), "--output", str(source)], capsys)
+    assert "would replace an input" in error
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+
+    # An earlier aligned output used as the source: the new output would replace it.
+    main(["align", str(source), str(target), "--output", str(tmp_path / "out")])
+    earlier = tmp_path / "out" / "aligned"
+    argv = ["align", str(earlier), str(target), "--output", str(tmp_path / "out"), "--overwrite", "true"]
+    assert "would replace an input" in _fails(argv, capsys)
+    assert "already exist" in _fails(["align", str(source), str(target), "--output", str(tmp_path / "out")], capsys)
+
+    # A writer failing half-way leaves no output folder and no temporary folder behind.
+    from lmc.formats.external import ExternalModel
+
+    def broken(self, network, folder):
+        (Path(folder) / "config.json").write_text("{}")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ExternalModel, "write", broken)
+    assert "No space left" in _fails(["align", str(source), str(target), "--output", str(tmp_path / "o2")], capsys)
+    assert not (tmp_path / "o2" / "aligned").exists() and not list((tmp_path / "o2").glob(".*"))
+
+
+def test_an_atomic_output_folder_replaces_the_old_one_only_when_complete(tmp_path):
+    folder = tmp_path / "result"
+    folder.mkdir()
+    (folder / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError), atomic_output_folder(folder) as temporary:
+        (temporary / "new.txt").write_text("new")
+        raise RuntimeError("interrupted")
+    assert [p.name for p in folder.iterdir()] == ["old.txt"]
+    with atomic_output_folder(folder) as temporary:
+        (temporary / "new.txt").write_text("new")
+    assert [p.name for p in folder.iterdir()] == ["new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["result"]
+    with pytest.raises(ValueError, match="over the input"):
+        with atomic_output_folder(folder / "inside", inputs=[folder]):
+            pass

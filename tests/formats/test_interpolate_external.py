@@ -1,0 +1,158 @@
+"""`lmc interpolate` of Hugging Face and timm checkpoints on the user's own data files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoTokenizer
+
+from lmc.cli import main
+from lmc.formats.external import load_external
+from tests.formats.checkpoints import model, save_hf, save_timm, sentences
+
+
+def _fails(argv: list[str], capsys) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith("lmc: error: "), error
+    return error
+
+
+def _result(folder: Path) -> dict:
+    (result,) = json.loads((folder / "lmc_results.json").read_text())["references"].values()
+    return result
+
+
+def _window_loss(folder: str, ids: list[int], length: int) -> float:
+    """Mean next-token cross-entropy of the model in ``folder`` on non-overlapping windows of ``ids``."""
+    ids = torch.tensor(ids)
+    windows = torch.stack([ids[i * length : i * length + length + 1] for i in range((len(ids) - 1) // length)])
+    with torch.no_grad():
+        logits = load_external(folder).model(input_ids=windows[:, :-1]).logits
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), windows[:, 1:].reshape(-1)))
+
+
+def _scalars(folder: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return set(events.Tags()["scalars"])
+
+
+@pytest.fixture(scope="module")
+def gpt2_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpt2")
+    return [save_hf(model("gpt2-tiny", {}, seed=s), root / f"m{s}") for s in (0, 1)]
+
+
+def test_causal_lm_curves_on_a_text_file_with_perplexity_and_every_output(gpt2_pair, tmp_path, capsys):
+    text = tmp_path / "eval.txt"
+    text.write_text("\n".join(sentences(12)))
+    out = tmp_path / "lmc"
+    a, b = map(str, gpt2_pair)
+    main(["interpolate", a, b, "--data", str(text), "--output-dir", str(out), "--sequence-length", "16"])
+    assert "perplexity" in capsys.readouterr().out
+    result = _result(out)
+    naive, aligned = result["curves"]["naive"]["points"], result["curves"]["aligned"]["points"]
+    assert len(naive) == len(aligned) == 25
+    for point in naive + aligned:
+        assert point["perplexity"] == pytest.approx(math.exp(point["loss"]), rel=1e-12)
+
+    # End point A, evaluated independently: the model on its tokenizer's windows of 16 (+1) tokens.
+    tokenizer = AutoTokenizer.from_pretrained(a, local_files_only=True)
+    assert naive[0]["loss"] == pytest.approx(_window_loss(a, tokenizer(text.read_text())["input_ids"], 16), rel=1e-6)
+    assert aligned[0] == naive[0] and aligned[-1]["loss"] == pytest.approx(naive[-1]["loss"], rel=1e-4)
+
+    rows = list(csv.DictReader((out / "lmc_results.csv").open()))
+    assert len(rows) == 50 and "perplexity" in rows[0]
+    assert (out / "lmc_interpolation_0.png").stat().st_size > 0
+    scalars = _scalars(out / "tensorboard")
+    assert {"lmc/reference_0/aligned/perplexity", "lmc/reference_0/naive/loss_barrier"} <= scalars
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json", "csv", "parquet", "save_to_disk"])
+def test_causal_lm_tables_with_a_text_column(kind, gpt2_pair, tmp_path):
+    texts = sentences(10)
+    path = tmp_path / f"eval.{kind}"
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
+    elif kind == "json":
+        path.write_text(json.dumps([{"body": t} for t in texts]))
+    elif kind == "csv":
+        path.write_text("body\n" + "".join(f"{t}\n" for t in texts))
+    elif kind == "parquet":
+        import pyarrow
+        import pyarrow.parquet
+
+        pyarrow.parquet.write_table(pyarrow.table({"body": texts}), path)
+    else:
+        import datasets
+
+        splits = {"train": texts[:2], "validation": texts}
+        datasets.DatasetDict({k: datasets.Dataset.from_dict({"body": v}) for k, v in splits.items()}).save_to_disk(
+            str(path)
+        )
+    a, b = map(str, gpt2_pair)
+    argv = ["interpolate", a, b, "--data", str(path), "--output-dir", str(tmp_path / "o"), "--num-alphas", "3"]
+    main([*argv, "--text-column", "body", "--sequence-length", "8"])
+    (first, *_) = _result(tmp_path / "o")["curves"]["naive"]["points"]
+    # The validation split's texts, joined with EOS between them, in windows of 8 (+1) tokens.
+    tokenizer = AutoTokenizer.from_pretrained(a, local_files_only=True)
+    ids = [i for t in texts for i in tokenizer(t)["input_ids"] + [tokenizer.eos_token_id]][:-1]
+    assert first["loss"] == pytest.approx(_window_loss(a, ids, 8), rel=1e-6)
+
+
+def test_sequence_classifiers_on_a_table_with_text_and_labels(tmp_path, capsys):
+    folders = [save_hf(model("bert-tiny", {}, seed=s), tmp_path / f"m{s}") for s in (0, 1)]
+    texts = sentences(16)
+    labels = [i % 4 for i in range(16)]
+    table = tmp_path / "eval.csv"
+    table.write_text("sentence,y\n" + "".join(f"{t},{y}\n" for t, y in zip(texts, labels)))
+    out = tmp_path / "o"
+    a, b = map(str, folders)
+    flags = ["--text-column", "sentence", "--label-column", "y", "--num-alphas", "3", "--sequence-length", "12"]
+    main(["interpolate", a, b, "--data", str(table), "--output-dir", str(out), *flags])
+    naive = _result(out)["curves"]["naive"]["points"]
+    assert "perplexity" not in naive[0]
+
+    tokenizer = AutoTokenizer.from_pretrained(a, local_files_only=True)
+    encoded = tokenizer(texts, padding="max_length", max_length=12, truncation=True, return_tensors="pt")
+    network = load_external(a).model
+    with torch.no_grad():
+        logits = network(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]).logits
+    expected = F.cross_entropy(logits.double(), torch.tensor(labels))
+    assert naive[0]["loss"] == pytest.approx(float(expected), rel=1e-5)
+    assert naive[0]["accuracy"] == pytest.approx(float((logits.argmax(-1) == torch.tensor(labels)).double().mean()))
+
+    assert "no column 'text'" in _fails(["interpolate", a, b, "--data", str(table), "--output-dir", str(out)], capsys)
+
+
+def test_timm_models_on_an_image_folder(tmp_path):
+    from PIL import Image
+
+    folders = [save_timm(model("eva02-tiny", {}, seed=s), tmp_path / f"m{s}") for s in (0, 1)]
+    generator = torch.Generator().manual_seed(0)
+    images = tmp_path / "images"
+    for label in ("cat", "dog"):
+        (images / label).mkdir(parents=True)
+        for index in range(3):
+            pixels = torch.randint(256, (12, 12), generator=generator, dtype=torch.uint8).numpy()
+            Image.fromarray(pixels, mode="L").save(images / label / f"{index}.png")
+    out = tmp_path / "o"
+    a, b = map(str, folders)
+    main(["interpolate", a, b, "--data", str(images), "--output-dir", str(out), "--num-alphas", "3"])
+    result = _result(out)
+    naive, aligned = result["curves"]["naive"]["points"], result["curves"]["aligned"]["points"]
+    assert aligned[0] == naive[0] and aligned[-1]["loss"] == pytest.approx(naive[-1]["loss"], rel=1e-4)
+    # The accuracy of 6 images is a multiple of 1/6: every image was evaluated once.
+    assert all(round(6 * p["accuracy"], 9) == round(6 * p["accuracy"]) for p in naive)
