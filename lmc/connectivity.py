@@ -34,7 +34,7 @@ from lmc.interpolation import (
     reduce_sums,
     sweep,
 )
-from lmc.matching import AlignOptions, align
+from lmc.matching import AlignmentReport, AlignOptions, align
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ def measure_connectivity(
     alphas: list[float],
     evaluation: Evaluation,
     hooks: SweepHooks = SweepHooks(),
+    alignment: tuple[nn.Module, AlignmentReport] | None = None,
 ) -> dict[str, Any]:
     """Align ``reference`` to ``model``, then sweep the naive and the aligned interpolation.
 
@@ -155,13 +156,22 @@ def measure_connectivity(
         alphas: Interpolation coefficients.
         evaluation: How every point is evaluated.
         hooks: Where finished points persist, and the coordination between processes.
+        alignment: ``align(reference, model, scope, options)``'s result when the caller already
+            has it (to use the aligned model elsewhere too): used instead of aligning again.
 
     Returns:
         ``{"model_fingerprint", "reference_fingerprint", "settings", "key", "curves": {curve:
         {"points": [...], <barriers>}}, "barrier_ratio": {...}, "alignment": {...}}``; ``key``
         identifies the sweep (weights and settings).
     """
-    aligned, report = align(reference, model, scope, options=options)
+    if alignment is None:
+        alignment = align(reference, model, scope, options=options)
+    aligned, report = alignment
+    if report.scope != scope or report.options != options:
+        raise ValueError(
+            f"the alignment passed was made with scope {report.scope!r} and {report.options}, not with the "
+            f"sweep's scope {scope!r} and {options}: pass the alignment of the sweep's settings"
+        )
     endpoint_a = [p.detach().clone() for p in model.parameters()]
     endpoints = {"naive": list(reference.parameters()), "aligned": list(aligned.parameters())}
     identity = {

@@ -13,6 +13,7 @@ points and ends with identical results::
     <output_dir>/
       pretrain/final.ckpt, seed<k>/final.ckpt   each with stage.json (its configuration key)
       pairs/<i>_<j>/<alignment>/                 lmc_results.{json,csv}, figure, sweep state
+      pairs/<i>_<j>/robustness.json              with protocol.robustness: accuracy under corruptions
       tensorboard/                               training logs; lmc/ holds the curves
       summary.{json,csv,md}, summary_<alignment>.png
 
@@ -50,8 +51,18 @@ from lmc.connectivity import (
     write_results,
 )
 from lmc.interpolation import evenly_spaced
-from lmc.matching import AlignOptions
-from lmc.summary import HEAD_ORDERS, log_curves, summarize, summarize_head_orders, summary_table, write_summary
+from lmc.matching import AlignOptions, align
+from lmc.robustness import midpoint_robustness
+from lmc.summary import (
+    HEAD_ORDERS,
+    ROBUSTNESS,
+    log_curves,
+    summarize,
+    summarize_head_orders,
+    summarize_robustness,
+    summary_table,
+    write_summary,
+)
 from lmc.symmetry import Scope
 from lmc.tasks import DataInfo
 
@@ -107,6 +118,10 @@ class Protocol:
         head_orders: Also align every pair with each order of the first attention layer's heads,
             each followed by the full Stage 2, to rank the order each alignment picks and report
             ``L_hat`` (the paper's Table 1; ``h!`` more sweeps per pair, at most 6 heads).
+        robustness: Also measure the accuracy of both end points, the naive midpoint and each
+            alignment's aligned midpoint on clean and corrupted data, three severities per
+            corruption (paper Appendix L; :mod:`lmc.robustness`): ``pairs/<i>_<j>/robustness.json``
+            and a section of the summary.
         overwrite: Recompute stages whose folder holds results of another configuration.
     """
 
@@ -122,6 +137,7 @@ class Protocol:
     eval_batch_size: int | None = None
     eval_samples: int | None = None
     head_orders: bool = False
+    robustness: bool = False
     overwrite: bool = False
 
     def __post_init__(self):
@@ -370,20 +386,38 @@ class Experiment:
         )
         pair = self.root / "pairs" / f"{i}_{j}"
 
-        def sweep(options: AlignOptions, folder: Path, at: list[float] = alphas) -> dict[str, Any]:
+        def sweep(options: AlignOptions, folder: Path, at: list[float] = alphas, alignment=None) -> dict[str, Any]:
             # Every curve of the pair at the same alphas shares one naive curve.
             naive = pair / ("naive_sweep_state.json" if at == alphas else f"naive_sweep_state_{len(at)}.json")
             hooks = SweepHooks(folder / "lmc_sweep_state_0.json", naive_state_path=naive)
-            result = measure_connectivity(module.model, reference, self.protocol.reinit, options, at, evaluation, hooks)
+            result = measure_connectivity(
+                module.model, reference, self.protocol.reinit, options, at, evaluation, hooks, alignment
+            )
             record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
             write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}})
             return result
 
         labels, alignments = alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options
-        results = {label: sweep(options, pair / label) for label, options in zip(labels, alignments)}
+        # Aligned once: the sweeps and the robustness table use the same aligned models.
+        aligned = {
+            label: align(reference, module.model, self.protocol.reinit, options)
+            for label, options in zip(labels, alignments)
+        }
+        results = {
+            label: sweep(options, pair / label, alignment=aligned[label]) for label, options in zip(labels, alignments)
+        }
         if self.protocol.head_orders:
             orders = head_orders(model_spec(module.model).attention[0])
             results[HEAD_ORDERS] = self._sweep_head_orders(orders, results, alphas, pair / "orders", sweep)
+        if self.protocol.robustness:
+            results[ROBUSTNESS] = midpoint_robustness(
+                module.model,
+                reference,
+                {label: model for label, (model, _) in aligned.items()},
+                evaluation,
+                datamodule.info,
+                pair / "robustness.json",
+            )
         return results
 
     @staticmethod
@@ -445,6 +479,8 @@ class Experiment:
         summary = summarize(pairs, alignment_labels(protocol.alignment_options))
         if protocol.head_orders:
             summary["head_orders"] = summarize_head_orders(pairs, alignment_labels(protocol.alignment_options))
+        if protocol.robustness:
+            summary[ROBUSTNESS] = summarize_robustness(pairs)
         summary["protocol"] = {"output_dir": str(self.root), "reinit": protocol.reinit, "seeds": protocol.seeds}
         write_summary(self.root, summary)
         log_curves(self.root / "tensorboard" / "lmc", pairs, summary)

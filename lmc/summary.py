@@ -19,6 +19,10 @@ from lmc.connectivity import BARRIERS, curve_figure
 
 #: Key of a pair's head-order sweeps (order label -> result) beside its alignments' results.
 HEAD_ORDERS = "head_orders"
+#: Key of a pair's corruption table (:func:`lmc.robustness.midpoint_robustness`) beside its alignments' results.
+ROBUSTNESS = "robustness"
+#: The metrics of the corruption tables that are summarized.
+ROBUSTNESS_METRICS = ("accuracy", "loss")
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -93,6 +97,37 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
                     for name in ("loss_barrier", "accuracy_barrier")
                 },
             }
+    return study
+
+
+def summarize_robustness(pairs: dict[tuple[int, int], dict[str, Any]]) -> dict[str, Any]:
+    """Mean and spread over pairs of each model's accuracy and loss, clean and per corruption and severity.
+
+    Returns:
+        ``{"models": [name, ...], "midpoint": alpha, "severities": {corruption: [strength at severity 1, 2, 3]},
+        "accuracy": {model: {"clean": spread, <corruption>: [spread at severity 1, 2, 3]}},
+        "loss": (the same), "per_pair": {"<i>_<j>": {model: {"clean": metrics, <corruption>:
+        [metrics, ...]}}}}`` with :func:`spread`'s statistics.
+    """
+    tables = {f"{i}_{j}": pair[ROBUSTNESS] for (i, j), pair in pairs.items()}
+    first = next(iter(tables.values()))
+    models, severities = list(first["models"]), first["settings"]["severities"]
+    study: dict[str, Any] = {"models": models, "severities": severities, "midpoint": first["settings"]["midpoint"]}
+    for metric in ROBUSTNESS_METRICS:
+        study[metric] = {
+            model: {
+                "clean": spread([t["models"][model]["clean"][metric] for t in tables.values()]),
+                **{
+                    corruption: [
+                        spread([t["models"][model][corruption][level][metric] for t in tables.values()])
+                        for level in range(len(strengths))
+                    ]
+                    for corruption, strengths in severities.items()
+                },
+            }
+            for model in models
+        }
+    study["per_pair"] = {pair: table["models"] for pair, table in tables.items()}
     return study
 
 
@@ -171,7 +206,27 @@ def summary_table(summary: dict[str, Any]) -> str:
                 f"| {label} | {_cell(loss['rank'], 1)} | {_cell(loss['l_hat'], 1)} "
                 f"| {_cell(accuracy['rank'], 1)} | {_cell(accuracy['l_hat'], 1)} |"
             )
+    if summary.get(ROBUSTNESS):
+        lines += ["", *robustness_table(summary[ROBUSTNESS])]
     return "\n".join(lines) + "\n"
+
+
+def robustness_table(study: dict[str, Any]) -> list[str]:
+    """The lines of the robustness section of ``summary.md``: accuracy, mean ± std over pairs."""
+    severities = study["severities"]
+    columns = [(corruption, level) for corruption, strengths in severities.items() for level in range(len(strengths))]
+    strengths = "; ".join(f"{name} {', '.join(f'{s:g}' for s in values)}" for name, values in severities.items())
+    lines = [
+        f"Accuracy under input corruptions at severities 1, 2, 3 ({strengths}). Midpoints are alpha "
+        f"{study['midpoint']:g} between the target (alpha 0) and the source (alpha 1), naive or aligned.",
+        "",
+        "| model | clean | " + " | ".join(f"{c} {level + 1}" for c, level in columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for model, row in study["accuracy"].items():
+        cells = [_cell(row["clean"]), *(_cell(row[c][level]) for c, level in columns)]
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_summary(root: Path, summary: dict[str, Any]) -> None:

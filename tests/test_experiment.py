@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
 import statistics
 
 import lightning
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 import lmc.experiment
+import lmc.robustness
 from lmc.cli import main
 from lmc.connectivity import BARRIERS
 from lmc.experiment import Protocol, alignment_labels
@@ -226,3 +228,41 @@ def test_screened_head_orders_give_the_ranks_and_l_hat_of_all_whole_curves(tmp_p
     assert (
         rank_and_l_hat(loss, "120", 0.2, 1.0) == rank_and_l_hat(exact, "120", 0.2, 1.0) == (2, pytest.approx(100 / 9))
     )
+
+
+def test_robustness_tables_agree_with_the_curves_and_are_reused(finished, tmp_path, monkeypatch):
+    shutil.copytree(finished / "run", tmp_path / "run")  # the same stages: nothing is trained again
+    config = _config(tmp_path, robustness=True, seeds=2)
+    main(["run", "--config", config])
+    root, pair = tmp_path / "run", tmp_path / "run" / "pairs" / "0_1"
+    study = json.loads((root / "summary.json").read_text())["robustness"]
+    models = ["target", "source", "naive_midpoint", "aligned_midpoint:permutation", "aligned_midpoint:full"]
+    assert study["models"] == models and list(study["severities"]) == ["gaussian_noise", "gaussian_blur"]
+    table = json.loads((pair / "robustness.json").read_text())["models"]
+    assert study["per_pair"] == {"0_1": table} and list(table) == models
+    # Clean data: the end points and midpoints are points of the curves (alphas 0, 0.5 and 1 of 5).
+    for label in ("permutation", "full"):
+        (result,) = json.loads((pair / label / "lmc_results.json").read_text())["references"].values()
+        naive, aligned = result["curves"]["naive"]["points"], result["curves"]["aligned"]["points"]
+        assert table["target"]["clean"]["accuracy"] == naive[0]["accuracy"] == aligned[0]["accuracy"]
+        assert table["source"]["clean"]["accuracy"] == naive[4]["accuracy"]
+        assert table["naive_midpoint"]["clean"] == {k: v for k, v in naive[2].items() if k != "alpha"}
+        assert table[f"aligned_midpoint:{label}"]["clean"] == {k: v for k, v in aligned[2].items() if k != "alpha"}
+    for model in models:
+        for corruption in ("gaussian_noise", "gaussian_blur"):
+            cells = study["accuracy"][model][corruption]
+            assert [c["mean"] for c in cells] == [level["accuracy"] for level in table[model][corruption]]
+    section = (root / "summary.md").read_text().split("input corruptions")[1]
+    assert "| aligned_midpoint:full |" in section and "gaussian_blur 3" in section
+
+    # A rerun reuses the table; a deleted one is measured again, to the same numbers.
+    first = json.loads((root / "summary.json").read_text())["robustness"]
+    measured = []
+    real = lmc.robustness.corruption_table
+    monkeypatch.setattr(lmc.robustness, "corruption_table", lambda *a, **k: measured.append(1) or real(*a, **k))
+    main(["run", "--config", config])
+    assert measured == []
+    (pair / "robustness.json").unlink()
+    main(["run", "--config", config])
+    assert measured == [1]
+    assert json.loads((root / "summary.json").read_text())["robustness"] == first

@@ -228,3 +228,34 @@ def test_sweeps_of_one_pair_share_their_naive_curve(tmp_path):
     assert len(calls) == 2 * (3 + 3 + 3)  # two batches per point: naive once, each aligned curve once
     assert results[0]["curves"]["naive"] == results[1]["curves"]["naive"]
     assert results[0]["key"] != results[1]["key"]
+
+
+def test_an_alignment_made_by_the_caller_is_used_not_made_again(monkeypatch):
+    from torch.utils.data import DataLoader, Subset
+
+    import lmc.connectivity
+    from lmc.connectivity import Evaluation, measure_connectivity
+    from lmc.data import Digits
+    from lmc.matching import AlignOptions, align
+    from lmc.training import LMCModule
+
+    data = Digits()
+    module, other = LMCModule("reference-vit-tiny", data=data.info), LMCModule("reference-vit-tiny", data=data.info)
+    batches = DataLoader(Subset(data.split("val"), range(20)), batch_size=20)
+    evaluation = Evaluation(module.metric_sums, batches, "val", {}, {})
+    options, alphas = AlignOptions(method="orthogonal"), [0.0, 0.5, 1.0]
+    expected = measure_connectivity(module.model, other.model, "full_model", options, alphas, evaluation)
+    alignment = align(other.model, module.model, "full_model", options)
+
+    def never(*args, **kwargs):
+        raise AssertionError("aligned again")
+
+    monkeypatch.setattr(lmc.connectivity, "align", never)
+    given = measure_connectivity(
+        module.model, other.model, "full_model", options, alphas, evaluation, alignment=alignment
+    )
+    assert given["key"] == expected["key"] and given["curves"] == expected["curves"]
+    with pytest.raises(ValueError, match="pass the alignment of the sweep's settings"):
+        measure_connectivity(
+            module.model, other.model, "full_model", AlignOptions(), alphas, evaluation, alignment=alignment
+        )

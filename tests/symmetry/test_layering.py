@@ -25,9 +25,10 @@ ALLOWED = {
     "connectivity": {"checkpoints", "interpolation", "matching"},
     "training": {"adapters", "checkpoints", "models", "symmetry", "tasks"},
     "summary": {"checkpoints", "connectivity"},
+    "robustness": {"checkpoints", "connectivity", "data", "interpolation", "tasks"},
     "experiment": {
-        "adapters", "checkpoints", "connectivity", "data", "interpolation", "matching", "summary", "symmetry",
-        "tasks", "training",
+        "adapters", "checkpoints", "connectivity", "data", "interpolation", "matching", "robustness", "summary",
+        "symmetry", "tasks", "training",
     },
     "formats": {"adapters", "checkpoints", "data", "tasks"},
     "symmetry_demo": {"adapters", "models", "symmetry"},
