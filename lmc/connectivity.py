@@ -326,12 +326,13 @@ def retire_stale_results(folder: Path, key: str) -> list[Path]:
     return moved
 
 
-def write_results(folder: Path, results: dict[str, Any]) -> None:
+def write_results(folder: Path, results: dict[str, Any], figures: bool = True) -> None:
     """``lmc_results.json``, ``lmc_results.csv`` and one ``lmc_interpolation_<i>.png`` per reference, atomically.
 
     ``results["references"]`` maps a reference name to :func:`measure_connectivity`'s output;
     ``results["run"]`` (:func:`run_record`) says which run they belong to. The CSV has one
-    column per metric of the points.
+    column per metric of the points. ``figures=False`` leaves out the PNGs (about a second each),
+    for the many sweeps of a study that only enter its summary.
     """
     import matplotlib.pyplot as plt
 
@@ -348,7 +349,7 @@ def write_results(folder: Path, results: dict[str, Any]) -> None:
                     writer.writerow(["reference", "curve", *metrics])
                 writer.writerow([name, curve, *(f"{point[m]:.8f}" for m in metrics)])
     atomic_write_text(folder / RESULT_FILES[1], rows.getvalue())
-    for index, (name, result) in enumerate(results["references"].items()):
+    for index, (name, result) in enumerate(results["references"].items() if figures else []):
         figure = curve_figure(result["curves"], Path(name).name)
         atomic_write(folder / f"lmc_interpolation_{index}.png", lambda p: figure.savefig(p, format="png", dpi=100))
         plt.close(figure)

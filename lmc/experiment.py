@@ -386,7 +386,9 @@ class Experiment:
         )
         pair = self.root / "pairs" / f"{i}_{j}"
 
-        def sweep(options: AlignOptions, folder: Path, at: list[float] = alphas, alignment=None) -> dict[str, Any]:
+        def sweep(
+            options: AlignOptions, folder: Path, at: list[float] = alphas, alignment=None, figures: bool = True
+        ) -> dict[str, Any]:
             # Every curve of the pair at the same alphas shares one naive curve.
             naive = pair / ("naive_sweep_state.json" if at == alphas else f"naive_sweep_state_{len(at)}.json")
             hooks = SweepHooks(folder / "lmc_sweep_state_0.json", naive_state_path=naive)
@@ -394,7 +396,7 @@ class Experiment:
                 module.model, reference, self.protocol.reinit, options, at, evaluation, hooks, alignment
             )
             record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
-            write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}})
+            write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}}, figures)
             return result
 
         labels, alignments = alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options
@@ -441,22 +443,22 @@ class Experiment:
         labels = ["".join(map(str, order)) for order in orders]
         full = {label: AlignOptions(head_orders={0: [int(h) for h in label]}) for label in labels}
         if len(alphas) <= 3:  # nothing to screen out
-            return {label: sweep(full[label], folder / label) for label in labels}
+            return {label: sweep(full[label], folder / label, figures=False) for label in labels}
         screening = [alphas[0], alphas[len(alphas) // 2], alphas[-1]]
-        bounds = {label: sweep(full[label], folder / "screening" / label, screening) for label in labels}
+        bounds = {label: sweep(full[label], folder / "screening" / label, screening, figures=False) for label in labels}
         picked = {
             "".join(map(str, layers[0]["assignment"]))
             for result in results.values()
             if (layers := [layer for layer in result["alignment"]["layers"] if layer["kind"] == "attention"])
         }
-        swept = {label: sweep(full[label], folder / label) for label in labels if label in picked}
+        swept = {label: sweep(full[label], folder / label, figures=False) for label in labels if label in picked}
         worst = {
             name: max((r["curves"]["aligned"][name] for r in swept.values()), default=math.inf)
             for name in ("loss_barrier", "accuracy_barrier")
         }
         for label in labels:
             if label not in swept and any(bounds[label]["curves"]["aligned"][n] < worst[n] for n in worst):
-                swept[label] = sweep(full[label], folder / label)
+                swept[label] = sweep(full[label], folder / label, figures=False)
         return {label: swept.get(label, bounds[label]) for label in labels}
 
     def run(self) -> dict[str, Any]:

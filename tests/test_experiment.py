@@ -211,7 +211,7 @@ def test_screened_head_orders_give_the_ranks_and_l_hat_of_all_whole_curves(tmp_p
 
     swept = []
 
-    def sweep(options, folder, at=None):
+    def sweep(options, folder, at=None, figures=True):
         at = at or evenly_spaced(5)
         label = "".join(map(str, options.head_orders[0]))
         swept.append((label, len(at)))
