@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast lint format clean
+.PHONY: help install demo repro repro-quick test test-fast lint format clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -19,6 +19,12 @@ install: $(BIN)/.installed  ## Create .venv and install lmc with its pinned depe
 
 demo: install  ## The main job on the embedded default (offline, CPU)
 	$(BIN)/lmc demo
+
+repro: install  ## The paper's study at small scale (lmc repro): regenerates docs/results.md
+	$(BIN)/lmc repro
+
+repro-quick: install  ## The study's pipeline in its tiny form (runs/repro_quick/results.md)
+	$(BIN)/lmc repro --quick true
 
 test: install  ## Run every test (slow ones in their tiny form)
 	$(BIN)/python -m pytest
