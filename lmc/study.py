@@ -185,7 +185,7 @@ def repro(paths: list[str | Path], jobs: int = 2) -> dict[str, Any]:
     study = load_study(paths)
     start = time.perf_counter()
     times = run_study(study, jobs)
-    data = write_report(study)
+    data = write_report(study, [str(path) for path in paths])
     print(f"study finished in {time.perf_counter() - start:.0f} s with {jobs} workers x {THREADS} thread")
     print(f"wrote {study.report}")
     return {"times": times, **data}

@@ -33,7 +33,7 @@ ALLOWED = {
     "formats": {"adapters", "checkpoints", "data", "tasks"},
     "symmetry_demo": {"adapters", "models", "symmetry"},
     "demo": {"experiment"},
-    "report": {"checkpoints"},
+    "report": {"checkpoints", "summary"},
     "study": {"experiment", "report", "symmetry"},
     "commands": {
         "adapters", "checkpoints", "connectivity", "data", "demo", "formats", "interpolation", "matching", "models",
