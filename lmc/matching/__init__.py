@@ -5,6 +5,7 @@ the same function with weights close to ``target``'s, and a report of what each 
 """
 
 from lmc.matching.alignment import PROBE_RTOL, AlignmentError, AlignmentReport, LayerAlignment, align
+from lmc.matching.calibration import Calibration
 from lmc.matching.options import METHODS, METRICS, AlignOptions, Method, Metric
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "AlignOptions",
     "AlignmentError",
     "AlignmentReport",
+    "Calibration",
     "LayerAlignment",
     "Method",
     "Metric",

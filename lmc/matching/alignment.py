@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from lmc.adapters import adapter_for, model_spec, scope_parameters
+from lmc.matching.calibration import Calibration, PairedMoment
 from lmc.matching.grams import LayerGrams
 from lmc.matching.heads import assign_heads, head_cost
 from lmc.matching.options import AlignOptions
@@ -84,6 +85,8 @@ class AlignmentReport:
         distance: Distance to the target over the scope's parameters, ``naive`` and ``aligned``.
         probe_relative_error: ``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` on the probe.
         seconds: Wall time of the whole alignment.
+        calibration: What data-aware settings read (split, samples, batches, data identity);
+            ``None`` for weight-only settings.
     """
 
     scope: Scope
@@ -95,6 +98,7 @@ class AlignmentReport:
     distance: dict[str, float] = field(default_factory=dict)
     probe_relative_error: float = 0.0
     seconds: float = 0.0
+    calibration: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (the transform's matrices are left out)."""
@@ -106,6 +110,7 @@ class AlignmentReport:
             "distance": self.distance,
             "probe_relative_error": self.probe_relative_error,
             "seconds": self.seconds,
+            "calibration": self.calibration,
             "layers": [vars(layer) for layer in self.layers],
         }
 
@@ -219,8 +224,17 @@ def _axes_distance(source: dict, target: dict, axes) -> float:
 class _Aligner:
     """State of one alignment: the working copy, the target, the accumulated transform."""
 
-    def __init__(self, source: nn.Module, target: nn.Module, spec: SymmetrySpec, report: AlignmentReport):
+    def __init__(
+        self,
+        source: nn.Module,
+        target: nn.Module,
+        spec: SymmetrySpec,
+        report: AlignmentReport,
+        calibration: Calibration | None = None,
+    ):
         self.options = report.options
+        self.calibration = calibration
+        self.moments: dict[str, PairedMoment] = {}
         shared = {}
         if self.options.share_frozen and report.scope != "full_model":
             # Parameters outside the scope never change (and equal the target's): share, don't copy.
@@ -230,6 +244,7 @@ class _Aligner:
         self.parameters = dict(self.working.named_parameters())
         self.target = dict(target.named_parameters())
         self.original = dict(source.named_parameters())  # read only
+        self.target_model = target
         self.dtype = next(source.parameters()).dtype
         self.spec = spec
         self.report = report
@@ -373,7 +388,11 @@ def _probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: i
 
 
 def align(
-    source: nn.Module, target: nn.Module, scope: Scope = "first_attention", options: AlignOptions | None = None
+    source: nn.Module,
+    target: nn.Module,
+    scope: Scope = "first_attention",
+    options: AlignOptions | None = None,
+    calibration: Calibration | None = None,
 ) -> tuple[nn.Module, AlignmentReport]:
     """Align ``source`` to ``target`` within the symmetry group of ``scope``.
 
@@ -387,12 +406,17 @@ def align(
             Outside ``full_model`` every parameter outside the scope must be identical in both.
         options: Method, head metric, Stage 2 and check settings (:class:`AlignOptions`);
             ``None`` takes the defaults.
+        calibration: Training batches the data-aware settings (``objective="data"``,
+            ``metric="activation"``, ``unit_matching="activation"``) read activations from; its
+            first ``options.calibration_batches`` are used. Ignored by weight-only settings. The
+            group element is still applied to the weights, so the function stays exact.
 
     Returns:
         ``(aligned, report)``: a new module computing the same function as ``source``.
 
     Raises:
-        ValueError: Unknown ``scope``.
+        ValueError: Unknown ``scope``; data-aware options without a calibration (or with fewer
+            batches than ``options.calibration_batches``).
         AlignmentError: The pair cannot be aligned (architectures, dtypes, devices, frozen
             parameters, NaN/Inf or overflowing weights), or the result is not a symmetry of
             ``source`` on the probe to ``report.check_rtol``.
@@ -400,12 +424,24 @@ def align(
     options = AlignOptions() if options is None else options
     if not isinstance(options, AlignOptions):
         raise TypeError(f"options must be an lmc.matching.AlignOptions, got {type(options).__name__}")
+    if options.data_aware:
+        if calibration is None:
+            chosen = {k: getattr(options, k) for k in ("objective", "metric", "unit_matching")}
+            raise ValueError(
+                f"the alignment options {chosen} read activations, so align needs calibration batches: pass "
+                "calibration=lmc.matching.Calibration(...) (lmc.connectivity.training_calibration builds one from a "
+                "DataModule's training split), or --data on the command line"
+            )
+        calibration = calibration.take(options.calibration_batches)
+        raise NotImplementedError("data-aware alignment: the interface is committed, the method follows")
     started = time.perf_counter()
     spec = _check_pair(source, target, scope)
     dtype = next(source.parameters()).dtype
     rtol = PROBE_RTOL[dtype] if options.check_rtol is None else options.check_rtol
     report = AlignmentReport(scope, options, _dtype_name(dtype), rtol)
-    aligner = _Aligner(source, target, spec, report)
+    if options.data_aware:
+        report.calibration = calibration.identity() | {"batches": len(calibration.batches)}
+    aligner = _Aligner(source, target, spec, report, calibration if options.data_aware else None)
 
     if options.method != "naive":
         attention, feed_forward, whole = scope_blocks(spec, scope)
