@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from lmc.adapters import adapter_for, model_spec, scope_parameters
-from lmc.matching.calibration import Calibration, PairedMoment
+from lmc.matching.calibration import Calibration, PairedMoment, paired_moments
 from lmc.matching.grams import LayerGrams
 from lmc.matching.heads import assign_heads, head_cost
 from lmc.matching.options import AlignOptions
@@ -87,6 +87,7 @@ class AlignmentReport:
         seconds: Wall time of the whole alignment.
         calibration: What data-aware settings read (split, samples, batches, data identity);
             ``None`` for weight-only settings.
+        calibration_seconds: Wall time of the calibration pass (part of ``seconds``).
     """
 
     scope: Scope
@@ -99,6 +100,7 @@ class AlignmentReport:
     probe_relative_error: float = 0.0
     seconds: float = 0.0
     calibration: dict[str, Any] | None = None
+    calibration_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (the transform's matrices are left out)."""
@@ -111,6 +113,7 @@ class AlignmentReport:
             "probe_relative_error": self.probe_relative_error,
             "seconds": self.seconds,
             "calibration": self.calibration,
+            "calibration_seconds": self.calibration_seconds,
             "layers": [vars(layer) for layer in self.layers],
         }
 
@@ -261,25 +264,86 @@ class _Aligner:
         with torch.no_grad():
             transform.apply_(self.parameters, self.spec)
         self.report.transform = self.report.transform.compose(transform, self.spec)
+        self.move_moments(transform)
 
-    def stage1(self, index: int) -> tuple[LayerGrams, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    def capture(self, attention: list[int]) -> None:
+        """The activation statistics the options read, from one calibration pass of both models.
+
+        Per attention layer: its input (augmented with 1) for the data objective and the
+        activation metric, and what ``W_O`` reads for the activation metric. Symmetries applied
+        later move them exactly (:meth:`move_moments`), so one pass serves the whole alignment.
+        """
+        if self.calibration is None:
+            return
+        adapter, options = adapter_for(self.working), self.options
+        modules, augment = {}, set()
+        for index in attention:
+            layer = self.spec.blocks[index].attention
+            if options.objective == "data" or options.metric == "activation":
+                key = f"input:{index}"
+                modules[key] = tuple(
+                    adapter.attention_input_module(m, layer) for m in (self.working, self.target_model)
+                )
+                augment.add(key)
+            if options.metric == "activation":
+                modules[f"output:{index}"] = tuple(
+                    adapter.attention_output_module(m, layer) for m in (self.working, self.target_model)
+                )
+        if modules:
+            self.moments = paired_moments(
+                self.working, self.target_model, modules, self.calibration, frozenset(augment)
+            )
+            for key, moment in self.moments.items():
+                self.require_finite(bool(torch.isfinite(moment.cross).all()), f"{key}: the calibration moments")
+
+    def move_moments(self, transform: ModelTransform) -> None:
+        """Keep the source's activation statistics those of the working copy after ``transform``.
+
+        A residual permutation re-indexes every layer's input (the constant 1 stays last); an
+        attention element permutes the heads' outputs and maps each head's by its ``B``.
+        """
+        if not self.moments:
+            return
+        if transform.residual is not None:
+            index = torch.cat([transform.residual.cpu(), torch.tensor([len(transform.residual)])])
+            for key in [k for k in self.moments if k.startswith("input:")]:
+                self.moments[key] = self.moments[key].moved(index)
+        for layer_index, element in transform.attention.items():
+            key = f"output:{layer_index}"
+            if key in self.moments:
+                d_h = element.vo.shape[-1]
+                heads = element.query_permutation.cpu()
+                index = (heads[:, None] * d_h + torch.arange(d_h)).flatten()
+                per_head = element.vo.cpu().double().repeat_interleave(element.queries_per_kv, dim=0)
+                self.moments[key] = self.moments[key].moved(index, torch.block_diag(*per_head))
+
+    def stage1(
+        self, index: int
+    ) -> tuple[LayerGrams, LayerGrams, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+        """``(weight Grams, the Grams Stage 2 reads, cost, match, kv_match, seconds)`` of one layer."""
         layer = self.spec.blocks[index].attention
         seconds = {}
         start = time.perf_counter()
         grams = LayerGrams.compute(self.parameters, self.target, layer)
         self.require_finite(grams.all_finite(), f"{layer.name}: the Gram matrices")
+        data_grams = None
+        if f"input:{index}" in self.moments:
+            data_grams = LayerGrams.compute(self.parameters, self.target, layer, self.moments[f"input:{index}"])
+            self.require_finite(data_grams.all_finite(), f"{layer.name}: the data Gram matrices")
+        stage2_grams = data_grams if self.options.objective == "data" else grams
         seconds["grams"] = time.perf_counter() - start
         start = time.perf_counter()
-        cost = head_cost(grams, layer, self.options)
+        cost_grams = data_grams if self.options.metric == "activation" else stage2_grams
+        cost = head_cost(cost_grams, layer, self.options, self.moments.get(f"output:{index}"))
         self.require_finite(bool(torch.isfinite(cost).all()), f"{layer.name}: the Stage 1 head cost")
         order = (self.options.head_orders or {}).get(index)
         match, kv_match = assign_heads(cost, layer.queries_per_kv) if order is None else imposed_order(order, layer)
         seconds["stage1"] = time.perf_counter() - start
-        return grams, cost, match, kv_match, seconds
+        return grams, stage2_grams, cost, match, kv_match, seconds
 
     def permute_heads(self, index: int) -> bool:
         """Stage 1 only; returns whether the head order changed."""
-        grams, _, match, kv_match, _ = self.stage1(index)
+        grams, _, _, match, kv_match, _ = self.stage1(index)
         if torch.equal(match, torch.arange(len(match))):
             return False
         layer = self.spec.blocks[index].attention
@@ -290,9 +354,9 @@ class _Aligner:
     def align_attention(self, index: int) -> None:
         """Both stages on one layer, recording distances after each stage."""
         layer = self.spec.blocks[index].attention
-        grams, cost, match, kv_match, seconds = self.stage1(index)
+        grams, stage2_grams, cost, match, kv_match, seconds = self.stage1(index)
         start = time.perf_counter()
-        stages = attention_stages(grams, layer, match, kv_match, self.options.method, self.options)
+        stages = attention_stages(stage2_grams, layer, match, kv_match, self.options.method, self.options)
         seconds["stage2"] = time.perf_counter() - start
         distance = {"naive": _layer_distance(self.original, self.target, layer)}
         distance.update(stage_distances(grams, layer, match, kv_match, stages))
@@ -433,7 +497,6 @@ def align(
                 "DataModule's training split), or --data on the command line"
             )
         calibration = calibration.take(options.calibration_batches)
-        raise NotImplementedError("data-aware alignment: the interface is committed, the method follows")
     started = time.perf_counter()
     spec = _check_pair(source, target, scope)
     dtype = next(source.parameters()).dtype
@@ -445,6 +508,9 @@ def align(
 
     if options.method != "naive":
         attention, feed_forward, whole = scope_blocks(spec, scope)
+        start = time.perf_counter()
+        aligner.capture(attention)
+        report.calibration_seconds = time.perf_counter() - start
         for index in feed_forward if not whole else []:
             start = time.perf_counter()
             aligner.permute_feed_forward(index)

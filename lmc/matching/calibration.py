@@ -77,6 +77,19 @@ class PairedMoment:
     target: torch.Tensor
     tokens: int
 
+    def moved(self, index: torch.Tensor, matrix: torch.Tensor | None = None) -> PairedMoment:
+        """The moments after the source's activations became ``a[:, index] @ matrix`` (a symmetry applied to it).
+
+        Args:
+            index: Source coordinate of each new coordinate, ``(n,)``.
+            matrix: ``(n, n)`` map applied after the re-indexing; ``None``: none.
+        """
+        source, cross = self.source[index][:, index], self.cross[index]
+        if matrix is not None:
+            matrix = matrix.to(source)
+            source, cross = matrix.T @ source @ matrix, matrix.T @ cross
+        return PairedMoment(source, cross, self.target, self.tokens)
+
 
 def _token_rows(value: torch.Tensor, mask: torch.Tensor | None, where: str) -> torch.Tensor:
     """``(tokens, n)`` rows of an activation ``(B, T, n)`` or ``(B, n)``, padding tokens dropped."""
