@@ -29,6 +29,7 @@ def align(
     scope: Scope | None = None,
     merge_alpha: list[float] | None = None,
     overwrite: bool = False,
+    data: LMCDataModule | None = None,
     options: AlignOptions = AlignOptions(),
 ) -> None:
     """Align SOURCE to TARGET and write the aligned (and merged) models into OUTPUT.
@@ -44,11 +45,15 @@ def align(
         scope: Symmetries to align; default: the re-initialization the checkpoints were fine-tuned with.
         merge_alpha: Also write the merge at each of these alphas in [0, 1].
         overwrite: Replace outputs that already exist.
+        data: The DataModule whose training split calibrates data-aware settings (objective data,
+            metric activation, unit_matching activation; required by them only): a
+            configs/data/*.yaml file, or a class path such as lmc.data.Digits.
         options: Alignment settings.
     """
     import torch
 
     from lmc.checkpoints import atomic_write_json
+    from lmc.connectivity import training_calibration
     from lmc.matching import align as align_models
     from lmc.training.module import load_trained, require_same_model, save_trained
 
@@ -60,7 +65,14 @@ def align(
     target_module, target_hyperparameters = load_trained(target)
     require_same_model({source: hyperparameters, target: target_hyperparameters})
     scope = scope or _trained_scope(hyperparameters)
-    aligned, report = align_models(source_module.model, target_module.model, scope=scope, options=options)
+    calibration = None
+    if options.data_aware:
+        data = _required(data, "--data FILE_OR_CLASS (the training data that calibrates data-aware options)")
+        source_module.require_data(data)
+        calibration = training_calibration(data, source_module.model_loss, options.calibration_batches)
+    aligned, report = align_models(
+        source_module.model, target_module.model, scope=scope, options=options, calibration=calibration
+    )
     aligned_weights = aligned.state_dict()
     save_trained(aligned_weights, hyperparameters, outputs[0])
     atomic_write_json(outputs[1], report.to_dict())
@@ -89,7 +101,8 @@ def interpolate(
 
     B is aligned to A, then both curves theta(alpha) = (1 - alpha) A + alpha B are evaluated on
     the split of DATA. Writes lmc_results.json, .csv and a figure into OUTPUT_DIR; a killed
-    sweep resumes where it stopped.
+    sweep resumes where it stopped. Data-aware alignment settings calibrate on DATA's training
+    split.
 
     Args:
         a: Checkpoint of end point A (alpha = 0).
@@ -115,6 +128,7 @@ def interpolate(
         retire_stale_results,
         run_record,
         sweep_settings,
+        training_calibration,
         write_results,
     )
     from lmc.interpolation import evenly_spaced
@@ -133,7 +147,11 @@ def interpolate(
     loader = DataLoader(data.split(split), batch_size=batch_size or data.batch_size)
     architecture = {k: hyperparameters.get(k) for k in ("model", "model_config")}
     evaluation = Evaluation(module.metric_sums, loader, split, data_identity(data), architecture)
-    record = run_record(module.model, str(a), [Path(b)], sweep_settings(scope, options, alphas, evaluation))
+    calibration = None
+    if options.data_aware:
+        calibration = training_calibration(data, module.model_loss, options.calibration_batches)
+    settings = sweep_settings(scope, options, alphas, evaluation, calibration)
+    record = run_record(module.model, str(a), [Path(b)], settings)
     earlier = results_key(output_dir)
     if earlier not in (None, record["key"]):
         if not overwrite:
@@ -144,7 +162,9 @@ def interpolate(
         retire_stale_results(output_dir, record["key"])
     module.eval()
     hooks = SweepHooks(state_path=output_dir / "lmc_sweep_state_0.json")
-    result = measure_connectivity(module.model, reference.model.eval(), scope, options, alphas, evaluation, hooks)
+    result = measure_connectivity(
+        module.model, reference.model.eval(), scope, options, alphas, evaluation, hooks, calibration
+    )
     write_results(output_dir, {"run": record, "references": {str(b): result}})
     for curve, values in result["curves"].items():
         loss, accuracy = values["loss_barrier"], values["accuracy_barrier"]

@@ -47,6 +47,7 @@ from lmc.connectivity import (
     data_identity,
     measure_connectivity,
     run_record,
+    training_calibration,
     write_results,
 )
 from lmc.interpolation import evenly_spaced
@@ -99,6 +100,8 @@ class Protocol:
         finetune: Schedule of each fine-tuning run on half B.
         alignments: Alignment settings to compare, each giving one aligned curve per pair
             (``None``: the default :class:`~lmc.matching.AlignOptions`, the full method).
+            Data-aware settings calibrate on the first ``calibration_batches`` batches of a
+            seeded shuffle of the fine-tuning half B's training split.
         num_alphas: Points on each interpolation curve.
         split: Where the curves are measured.
         eval_batch_size: Evaluation batch size (``None``: the DataModule's).
@@ -361,12 +364,21 @@ class Experiment:
             {k: module.hparams.get(k) for k in ("model", "model_config")},
         )
         pair = self.root / "pairs" / f"{i}_{j}"
+        calibrations = {}  # calibration_batches -> batches of the fine-tuning half B's training split
 
         def sweep(options: AlignOptions, folder: Path, at: list[float] = alphas) -> dict[str, Any]:
             # Every curve of the pair at the same alphas shares one naive curve.
             naive = pair / ("naive_sweep_state.json" if at == alphas else f"naive_sweep_state_{len(at)}.json")
             hooks = SweepHooks(folder / "lmc_sweep_state_0.json", naive_state_path=naive)
-            result = measure_connectivity(module.model, reference, self.protocol.reinit, options, at, evaluation, hooks)
+            calibration = None
+            if options.data_aware:
+                count = options.calibration_batches
+                if count not in calibrations:
+                    calibrations[count] = training_calibration(datamodule, module.model_loss, count)
+                calibration = calibrations[count]
+            result = measure_connectivity(
+                module.model, reference, self.protocol.reinit, options, at, evaluation, hooks, calibration
+            )
             record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
             write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}})
             return result

@@ -34,7 +34,7 @@ def invariant_products(grams: LayerGrams, queries_per_kv: int) -> dict[str, torc
         return kv.repeat_interleave(q, 2) if kv.ndim == 4 else kv
 
     def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # (n, d_h, n', d_h) blocks -> (n, n')
-        return torch.einsum("iajb,iajb->ij", a, b).double()
+        return torch.einsum("iajb,iajb->ij", a.double(), b.double())
 
     return {
         "qk_cross": cross(grams.query_cross, per_query(key_cross)),
