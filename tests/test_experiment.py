@@ -226,3 +226,19 @@ def test_screened_head_orders_give_the_ranks_and_l_hat_of_all_whole_curves(tmp_p
     assert (
         rank_and_l_hat(loss, "120", 0.2, 1.0) == rank_and_l_hat(exact, "120", 0.2, 1.0) == (2, pytest.approx(100 / 9))
     )
+
+
+@pytest.mark.slow
+def test_run_with_a_data_aware_alignment_records_its_calibration(tmp_path):
+    alignments = [{"method": "full"}, {"objective": "data", "metric": "activation", "calibration_batches": 2}]
+    main(["run", "--config", _config(tmp_path, seeds=2, alignments=alignments)])
+    folder = tmp_path / "run" / "pairs" / "0_1" / "full-metric=activation-objective=data-calibration_batches=2"
+    (result,) = json.loads((folder / "lmc_results.json").read_text())["references"].values()
+    calibration = result["settings"]["calibration"]
+    assert calibration["split"] == "train" and calibration["num_samples"] == 64
+    assert calibration["data"]["part"] == "B"  # the fine-tuning half, never the curves' split
+    assert result["alignment"]["calibration"]["batches"] == 2
+    (plain,) = json.loads((tmp_path / "run" / "pairs" / "0_1" / "full" / "lmc_results.json").read_text())[
+        "references"
+    ].values()
+    assert "calibration" not in plain["settings"] and "objective" not in plain["settings"]["options"]
