@@ -488,6 +488,11 @@ def align(
     options = AlignOptions() if options is None else options
     if not isinstance(options, AlignOptions):
         raise TypeError(f"options must be an lmc.matching.AlignOptions, got {type(options).__name__}")
+    if options.unit_matching == "activation":
+        raise NotImplementedError(
+            "unit_matching='activation' (activation matching of FFN units and the residual stream, issue #8 item 4) "
+            "is not implemented yet; use unit_matching='weight'"
+        )
     if options.data_aware:
         if calibration is None:
             chosen = {k: getattr(options, k) for k in ("objective", "metric", "unit_matching")}
