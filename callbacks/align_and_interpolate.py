@@ -43,6 +43,7 @@ from lmc.connectivity import (
     retire_stale_results,
     run_record,
     sweep_settings,
+    training_calibration,
     write_results,
 )
 from lmc.interpolation import evenly_spaced
@@ -59,7 +60,9 @@ class AlignAndInterpolate(L.Callback):
         scope: Alignment scope; ``None`` uses the module's ``reinit`` (``full_model`` when
             pre-training).
         options: Alignment options, passed unchanged to :func:`lmc.matching.align`
-            (``None``: the defaults).
+            (``None``: the defaults). Data-aware options calibrate on the first
+            ``calibration_batches`` batches of a seeded shuffle of the training split the run
+            trained on.
         num_alphas: Points on each curve (at least 2).
         split: ``"val"`` or ``"test"``.
         batch_size: Evaluation batch size (``None``: the DataModule's).
@@ -148,7 +151,12 @@ class AlignAndInterpolate(L.Callback):
         folder = self.output_folder(trainer)
         paths = self.reference_paths(trainer)
         evaluation = self.evaluation(trainer, pl_module)
-        settings = sweep_settings(scope, self.options, self.alphas, evaluation)
+        calibration = None
+        if self.options.data_aware:  # the same seeded batches on every rank: the same alignment
+            calibration = training_calibration(
+                trainer.datamodule, pl_module.model_loss, self.options.calibration_batches
+            )
+        settings = sweep_settings(scope, self.options, self.alphas, evaluation, calibration)
         checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
         results: dict[str, Any] = {"run": run_record(pl_module.model, checkpoint, paths, settings), "references": {}}
         if trainer.is_global_zero:
@@ -167,7 +175,7 @@ class AlignAndInterpolate(L.Callback):
                     progress=lambda message: bar.update(1),
                 )
                 results["references"][str(path)] = measure_connectivity(
-                    pl_module.model, reference, scope, self.options, self.alphas, evaluation, hooks
+                    pl_module.model, reference, scope, self.options, self.alphas, evaluation, hooks, calibration
                 )
         finally:
             bar.close()

@@ -32,6 +32,7 @@ def align(
     overwrite: bool = False,
     timm_model: str | None = None,
     timm_args: dict[str, Any] | None = None,
+    data: LMCDataModule | None = None,
     options: AlignOptions = AlignOptions(),
 ) -> None:
     """Align SOURCE to TARGET and write the aligned (and merged) models into OUTPUT.
@@ -53,17 +54,22 @@ def align(
         overwrite: Replace outputs that already exist.
         timm_model: The timm model name of state-dict files (timm.list_models()).
         timm_args: timm.create_model arguments of state-dict files, e.g. '{num_classes: 10}'.
+        data: The DataModule whose training split calibrates data-aware settings (objective data,
+            metric activation, unit_matching activation; required by them only): a
+            configs/data/*.yaml file, or a class path such as lmc.data.Digits.
         options: Alignment settings.
     """
     import torch
 
     from lmc.checkpoints import atomic_write_json
+    from lmc.connectivity import training_calibration
     from lmc.matching import align as align_models
     from lmc.training.module import load_trained, require_same_model, save_trained
 
     output = _required(output, "--output DIR")
     alphas = _checked_alphas(merge_alpha or [])
     if _external(source, target, timm_model):
+        _refuse_data_aware_external(options)
         _align_external(source, target, output, scope, alphas, overwrite, timm_model, timm_args, options)
         return
     outputs = [output / "aligned.ckpt", output / "report.json", *(output / f"merged_{a:g}.ckpt" for a in alphas)]
@@ -72,7 +78,14 @@ def align(
     target_module, target_hyperparameters = load_trained(target)
     require_same_model({source: hyperparameters, target: target_hyperparameters})
     scope = scope or _trained_scope(hyperparameters)
-    aligned, report = align_models(source_module.model, target_module.model, scope=scope, options=options)
+    calibration = None
+    if options.data_aware:
+        data = _required(data, "--data FILE_OR_CLASS (the training data that calibrates data-aware options)")
+        source_module.require_data(data)
+        calibration = training_calibration(data, source_module.model_loss, options.calibration_batches)
+    aligned, report = align_models(
+        source_module.model, target_module.model, scope=scope, options=options, calibration=calibration
+    )
     aligned_weights = aligned.state_dict()
     save_trained(aligned_weights, hyperparameters, outputs[0])
     atomic_write_json(outputs[1], report.to_dict())
@@ -107,7 +120,8 @@ def interpolate(
     B is aligned to A, then both curves theta(alpha) = (1 - alpha) A + alpha B are evaluated on
     DATA. Writes lmc_results.json, .csv, a figure and TensorBoard scalars (OUTPUT_DIR/tensorboard)
     into OUTPUT_DIR; a killed sweep resumes where it stopped. Language models also report
-    perplexity = exp(loss).
+    perplexity = exp(loss). Data-aware alignment settings calibrate on DATA's training split
+    (lmc checkpoints only).
 
     Args:
         a: Checkpoint of end point A (alpha = 0): an lmc checkpoint, a Hugging Face model
@@ -135,7 +149,7 @@ def interpolate(
     """
     from torch.utils.data import DataLoader
 
-    from lmc.connectivity import Evaluation, data_identity
+    from lmc.connectivity import Evaluation, data_identity, training_calibration
     from lmc.interpolation import evenly_spaced
     from lmc.training.module import load_trained, require_same_model
 
@@ -144,7 +158,9 @@ def interpolate(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"--batch_size must be positive, got {batch_size}")
     _check_outputs([output_dir / "lmc_results.json"], inputs=[a, b], overwrite=True)
+    calibration = None
     if _external(a, b, timm_model):
+        _refuse_data_aware_external(options)
         if not isinstance(data, Path):
             raise ValueError("--data of Hugging Face and timm models is a path to your data, not a DataModule")
         model, reference, evaluation, task = _external_evaluation(
@@ -162,8 +178,12 @@ def interpolate(
         architecture = {k: hyperparameters.get(k) for k in ("model", "model_config")}
         evaluation = Evaluation(module.metric_sums, loader, split, data_identity(data), architecture)
         model, reference, task = module.model, reference_module.model, data.info.task
+        if options.data_aware:
+            calibration = training_calibration(data, module.model_loss, options.calibration_batches)
     language_model = task == "causal_lm"
-    _sweep_and_report(model, reference, a, b, scope, options, alphas, evaluation, output_dir, overwrite, language_model)
+    _sweep_and_report(
+        model, reference, a, b, scope, options, alphas, evaluation, output_dir, overwrite, language_model, calibration
+    )
 
 
 def equivalent(
@@ -338,6 +358,15 @@ def _external(a: Path, b: Path, timm_model: str | None) -> bool:
     return kinds[0] != "lmc"
 
 
+def _refuse_data_aware_external(options: AlignOptions) -> None:
+    if options.data_aware:
+        raise ValueError(
+            "data-aware alignment settings (objective data, metric activation) calibrate on an lmc DataModule's "
+            "training split, which Hugging Face and timm checkpoints do not have here: use the weight settings "
+            "(the defaults) for them"
+        )
+
+
 def _align_external(
     source: Path,
     target: Path,
@@ -488,6 +517,7 @@ def _sweep_and_report(
     output_dir: Path,
     overwrite: bool,
     language_model: bool,
+    calibration=None,
 ) -> None:
     """Align B to A, sweep both curves with a progress bar, write results, figure and TensorBoard scalars."""
     from tqdm.auto import tqdm
@@ -503,7 +533,7 @@ def _sweep_and_report(
         write_results,
     )
 
-    record = run_record(model, str(a), [Path(b)], sweep_settings(scope, options, alphas, evaluation))
+    record = run_record(model, str(a), [Path(b)], sweep_settings(scope, options, alphas, evaluation, calibration))
     earlier = results_key(output_dir)
     if earlier not in (None, record["key"]):
         if not overwrite:
@@ -516,7 +546,7 @@ def _sweep_and_report(
     bar = tqdm(total=2 * len(alphas), desc="Interpolate (naive, aligned)")
     hooks = SweepHooks(state_path=output_dir / "lmc_sweep_state_0.json", progress=lambda message: bar.update(1))
     try:
-        result = measure_connectivity(model, reference.eval(), scope, options, alphas, evaluation, hooks)
+        result = measure_connectivity(model, reference.eval(), scope, options, alphas, evaluation, hooks, calibration)
     finally:
         bar.close()
     if language_model:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import inspect
 import io
+import itertools
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from lmc.checkpoints import atomic_write, atomic_write_json, atomic_write_text
 from lmc.interpolation import (
@@ -34,7 +36,8 @@ from lmc.interpolation import (
     reduce_sums,
     sweep,
 )
-from lmc.matching import AlignmentReport, AlignOptions, align
+from lmc.matching import AlignmentReport, AlignOptions, Calibration, align
+from lmc.matching.options import DATA_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +133,63 @@ def data_identity(datamodule: object) -> dict[str, Any]:
     return {"class": f"{kind.__module__}.{kind.__qualname__}", **settings}
 
 
-def sweep_settings(scope: str, options: AlignOptions, alphas: list[float], evaluation: Evaluation) -> dict[str, Any]:
-    """Every setting that changes a point of a sweep, besides the two models' weights (as JSON values)."""
-    settings = {"scope": scope, "options": asdict(options), "alphas": list(alphas), **evaluation.identity()}
+CALIBRATION_SPLIT = "train"
+"""Where data-aware alignment reads its calibration batches: the training split, never a curve split."""
+
+
+def training_calibration(
+    datamodule: Any,
+    forward: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor],
+    batches: int,
+    seed: int = 0,
+) -> Calibration:
+    """The first ``batches`` batches of a seeded shuffle of a DataModule's training split.
+
+    Args:
+        datamodule: An :class:`~lmc.data.LMCDataModule` (its ``part`` picks the half: a fine-tuned
+            pair calibrates on the fine-tuning half ``B``); batches of its ``batch_size``.
+        forward: Runs a model on a batch and returns its loss (``LMCModule.model_loss``).
+        batches: How many batches (``AlignOptions.calibration_batches``).
+        seed: Seed of the shuffle (recorded in the calibration's identity).
+
+    Raises:
+        ValueError: The training split holds fewer batches.
+    """
+    dataset = datamodule.split(CALIBRATION_SPLIT)
+    loader = DataLoader(
+        dataset, batch_size=datamodule.batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
+    chosen = list(itertools.islice(loader, batches))
+    if len(chosen) < batches:
+        raise ValueError(
+            f"calibration_batches={batches} but the training split holds {len(chosen)} batches of "
+            f"{datamodule.batch_size}: lower calibration_batches"
+        )
+    identity = {**data_identity(datamodule), "batch_size": datamodule.batch_size, "shuffle_seed": seed}
+    return Calibration(chosen, forward, CALIBRATION_SPLIT, sum(len(b["inputs"]) for b in chosen), identity)
+
+
+def sweep_settings(
+    scope: str,
+    options: AlignOptions,
+    alphas: list[float],
+    evaluation: Evaluation,
+    calibration: Calibration | None = None,
+) -> dict[str, Any]:
+    """Every setting that changes a point of a sweep, besides the two models' weights (as JSON values).
+
+    Data-aware options add the calibration's identity (split, samples, data) of the batches they
+    read; weight-only options leave out the calibration settings, which do not change them.
+    """
+    chosen = asdict(options)
+    settings = {"scope": scope, "options": chosen, "alphas": list(alphas), **evaluation.identity()}
+    if options.data_aware:
+        if calibration is None:
+            raise ValueError("data-aware alignment options need a calibration (see training_calibration)")
+        settings["calibration"] = calibration.take(options.calibration_batches).identity()
+    else:
+        for name in DATA_FIELDS:
+            del chosen[name]
     return json.loads(json.dumps(settings, default=str))
 
 
@@ -144,6 +201,7 @@ def measure_connectivity(
     alphas: list[float],
     evaluation: Evaluation,
     hooks: SweepHooks = SweepHooks(),
+    calibration: Calibration | None = None,
     alignment: tuple[nn.Module, AlignmentReport] | None = None,
 ) -> dict[str, Any]:
     """Align ``reference`` to ``model``, then sweep the naive and the aligned interpolation.
@@ -156,16 +214,24 @@ def measure_connectivity(
         alphas: Interpolation coefficients.
         evaluation: How every point is evaluated.
         hooks: Where finished points persist, and the coordination between processes.
-        alignment: ``align(reference, model, scope, options)``'s result when the caller already
-            has it (to use the aligned model elsewhere too): used instead of aligning again.
+        calibration: The batches data-aware options read (:func:`training_calibration`); never
+            from the split the curves are measured on.
+        alignment: ``align(reference, model, scope, options, calibration)``'s result when the caller
+            already has it (to use the aligned model elsewhere too): used instead of aligning again.
 
     Returns:
         ``{"model_fingerprint", "reference_fingerprint", "settings", "key", "curves": {curve:
         {"points": [...], <barriers>}}, "barrier_ratio": {...}, "alignment": {...}}``; ``key``
         identifies the sweep (weights and settings).
     """
+    if calibration is not None and calibration.split == evaluation.split:
+        raise ValueError(
+            f"the calibration batches come from the {calibration.split!r} split the curves are measured on: "
+            f"calibrate on the training split ({CALIBRATION_SPLIT!r})"
+        )
+    settings = sweep_settings(scope, options, alphas, evaluation, calibration)
     if alignment is None:
-        alignment = align(reference, model, scope, options=options)
+        alignment = align(reference, model, scope, options=options, calibration=calibration)
     aligned, report = alignment
     if report.scope != scope or report.options != options:
         raise ValueError(
@@ -177,7 +243,7 @@ def measure_connectivity(
     identity = {
         "model_fingerprint": fingerprint(endpoint_a),
         "reference_fingerprint": fingerprint(endpoints["naive"]),
-        "settings": sweep_settings(scope, options, alphas, evaluation),
+        "settings": settings,
     }
     key = fingerprint(extra=identity)
     stores = {"aligned": SweepStore.open(hooks.state_path, key)}
@@ -186,7 +252,7 @@ def measure_connectivity(
     else:  # the naive curve's own identity: the two models, the alphas and the evaluation
         naive = {
             **identity,
-            "settings": {k: v for k, v in identity["settings"].items() if k not in ("scope", "options")},
+            "settings": {k: v for k, v in identity["settings"].items() if k not in ("scope", "options", "calibration")},
         }
         stores["naive"] = SweepStore.open(hooks.naive_state_path, fingerprint(extra=naive))
     hooks.barrier()

@@ -48,6 +48,7 @@ from lmc.connectivity import (
     data_identity,
     measure_connectivity,
     run_record,
+    training_calibration,
     write_results,
 )
 from lmc.interpolation import evenly_spaced
@@ -110,6 +111,8 @@ class Protocol:
         finetune: Schedule of each fine-tuning run on half B.
         alignments: Alignment settings to compare, each giving one aligned curve per pair
             (``None``: the default :class:`~lmc.matching.AlignOptions`, the full method).
+            Data-aware settings calibrate on the first ``calibration_batches`` batches of a
+            seeded shuffle of the fine-tuning half B's training split.
         num_alphas: Points on each interpolation curve.
         split: Where the curves are measured.
         eval_batch_size: Evaluation batch size (``None``: the DataModule's).
@@ -385,6 +388,15 @@ class Experiment:
             {k: module.hparams.get(k) for k in ("model", "model_config")},
         )
         pair = self.root / "pairs" / f"{i}_{j}"
+        calibrations = {}  # calibration_batches -> batches of the fine-tuning half B's training split
+
+        def calibration_for(options: AlignOptions):
+            if not options.data_aware:
+                return None
+            count = options.calibration_batches
+            if count not in calibrations:
+                calibrations[count] = training_calibration(datamodule, module.model_loss, count)
+            return calibrations[count]
 
         def sweep(
             options: AlignOptions, folder: Path, at: list[float] = alphas, alignment=None, figures: bool = True
@@ -393,7 +405,15 @@ class Experiment:
             naive = pair / ("naive_sweep_state.json" if at == alphas else f"naive_sweep_state_{len(at)}.json")
             hooks = SweepHooks(folder / "lmc_sweep_state_0.json", naive_state_path=naive)
             result = measure_connectivity(
-                module.model, reference, self.protocol.reinit, options, at, evaluation, hooks, alignment
+                module.model,
+                reference,
+                self.protocol.reinit,
+                options,
+                at,
+                evaluation,
+                hooks,
+                calibration_for(options),
+                alignment,
             )
             record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
             write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}}, figures)
@@ -402,7 +422,7 @@ class Experiment:
         labels, alignments = alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options
         # Aligned once: the sweeps and the robustness table use the same aligned models.
         aligned = {
-            label: align(reference, module.model, self.protocol.reinit, options)
+            label: align(reference, module.model, self.protocol.reinit, options, calibration_for(options))
             for label, options in zip(labels, alignments)
         }
         results = {

@@ -158,3 +158,27 @@ def test_bad_values_fail_before_any_work(checkpoints, tmp_path, capsys):
     assert "--output DIR is required" in _fails(["align", a, b], capsys)
     assert "--data FILE_OR_CLASS is required" in _fails(["interpolate", a, b, f"--output_dir={tmp_path}"], capsys)
     assert not list(tmp_path.iterdir())
+
+
+def test_data_aware_align_needs_data_and_records_its_calibration(checkpoints, tmp_path, capsys):
+    source, target, output = str(checkpoints["seed0"]), str(checkpoints["seed1"]), tmp_path / "out"
+    data_aware = ["--objective", "data", "--metric", "activation", "--calibration-batches", "2"]
+    assert "--data FILE_OR_CLASS" in _fails(["align", source, target, "--output", str(output), *data_aware], capsys)
+    main(["align", source, target, "--output", str(output), *data_aware, DIGITS])
+    report = json.loads((output / "report.json").read_text())
+    assert report["calibration"]["split"] == "train" and report["calibration"]["num_samples"] == 64
+    assert report["calibration"]["data"]["class"] == "lmc.data.embedded.Digits"
+    aligned, _ = load_trained(output / "aligned.ckpt")
+    original, _ = load_trained(checkpoints["seed0"])
+    torch.testing.assert_close(_outputs(aligned.model), _outputs(original.model), rtol=1e-4, atol=1e-5)
+
+
+def test_data_aware_interpolate_keys_its_sweep_by_the_calibration(checkpoints, tmp_path, capsys):
+    a, b, output = str(checkpoints["seed1"]), str(checkpoints["seed0"]), tmp_path / "lmc"
+    command = ["interpolate", a, b, DIGITS, f"--output-dir={output}", "--num-alphas", "3", "--objective", "data"]
+    main([*command, "--calibration-batches", "2"])
+    (result,) = json.loads((output / "lmc_results.json").read_text())["references"].values()
+    assert result["settings"]["calibration"]["num_samples"] == 64
+    assert result["alignment"]["calibration"]["split"] == "train"
+    # Another calibration is another sweep: refused without --overwrite, never resumed from the old points.
+    assert "another sweep" in _fails([*command, "--calibration-batches", "3"], capsys)

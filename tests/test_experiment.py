@@ -266,3 +266,19 @@ def test_robustness_tables_agree_with_the_curves_and_are_reused(finished, tmp_pa
     main(["run", "--config", config])
     assert measured == [1]
     assert json.loads((root / "summary.json").read_text())["robustness"] == first
+
+
+@pytest.mark.slow
+def test_run_with_a_data_aware_alignment_records_its_calibration(tmp_path):
+    alignments = [{"method": "full"}, {"objective": "data", "metric": "activation", "calibration_batches": 2}]
+    main(["run", "--config", _config(tmp_path, seeds=2, alignments=alignments)])
+    folder = tmp_path / "run" / "pairs" / "0_1" / "full-metric=activation-objective=data-calibration_batches=2"
+    (result,) = json.loads((folder / "lmc_results.json").read_text())["references"].values()
+    calibration = result["settings"]["calibration"]
+    assert calibration["split"] == "train" and calibration["num_samples"] == 64
+    assert calibration["data"]["part"] == "B"  # the fine-tuning half, never the curves' split
+    assert result["alignment"]["calibration"]["batches"] == 2
+    (plain,) = json.loads((tmp_path / "run" / "pairs" / "0_1" / "full" / "lmc_results.json").read_text())[
+        "references"
+    ].values()
+    assert "calibration" not in plain["settings"] and "objective" not in plain["settings"]["options"]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from lmc.symmetry.spec import SymmetrySpec
+from lmc.symmetry.spec import AttentionSpec, SymmetrySpec
 
 
 class UnsupportedModelError(TypeError):
@@ -43,6 +43,20 @@ class ModelAdapter(ABC):
         """The model's output tensor on ``inputs`` (logits for every model lmc supports)."""
         output = model(**inputs)
         return output if isinstance(output, torch.Tensor) else output.logits
+
+    def attention_input_module(self, model: nn.Module, layer: AttentionSpec) -> nn.Module:
+        """The module whose first positional argument is ``layer``'s input ``x``, ``(B, T, d)`` or ``(B, d)``.
+
+        Every query, key and value weight multiplies that input, so by default it is the module
+        owning the query weight (a query Linear, a fused ``qkv`` or ``c_attn``); a model that
+        reads that weight without calling its module names another one.
+        """
+        return model.get_submodule(layer.query.parameter.rpartition(".")[0])
+
+    def attention_output_module(self, model: nn.Module, layer: AttentionSpec) -> nn.Module:
+        """The module whose first positional argument is what ``W_O`` reads: the heads' outputs
+        concatenated head-major, ``(B, T, h * d_h)``. By default the module owning ``W_O``."""
+        return model.get_submodule(layer.out.parameter.rpartition(".")[0])
 
 
 _REGISTRY: dict[str, ModelAdapter] = {}

@@ -153,6 +153,11 @@ def _vision_spec(
 
 
 class _TimmVisionAdapter(ModelAdapter):
+    def attention_input_module(self, model: nn.Module, layer: AttentionSpec) -> nn.Module:
+        # EVA attention with separate q/v biases applies ``qkv.weight`` through F.linear without
+        # calling ``qkv``; every timm attention module takes its input as the first argument.
+        return model.get_submodule(layer.name)
+
     def model_inputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {"x": batch["inputs"]}
 

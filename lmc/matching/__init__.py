@@ -6,6 +6,7 @@ the same function with weights close to ``target``'s, and a report of what each 
 """
 
 from lmc.matching.alignment import PROBE_RTOL, AlignmentError, AlignmentReport, LayerAlignment, align
+from lmc.matching.calibration import Calibration
 from lmc.matching.equivalence import EQUIVALENCE_RTOL, Equivalence, EquivalenceTolerance, equivalent
 from lmc.matching.options import METHODS, METRICS, AlignOptions, Method, Metric
 
@@ -17,6 +18,7 @@ __all__ = [
     "AlignOptions",
     "AlignmentError",
     "AlignmentReport",
+    "Calibration",
     "Equivalence",
     "EquivalenceTolerance",
     "LayerAlignment",

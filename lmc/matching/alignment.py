@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from lmc.adapters import adapter_for, model_spec, scope_parameters
+from lmc.matching.calibration import Calibration, PairedMoment, paired_moments
 from lmc.matching.grams import LayerGrams
 from lmc.matching.heads import assign_heads, head_cost
 from lmc.matching.options import AlignOptions
@@ -95,6 +96,9 @@ class AlignmentReport:
         distance: Distance to the target over the scope's parameters, ``naive`` and ``aligned``.
         probe_relative_error: ``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` on the probe.
         seconds: Wall time of the whole alignment.
+        calibration: What data-aware settings read (split, samples, batches, data identity);
+            ``None`` for weight-only settings.
+        calibration_seconds: Wall time of the calibration pass (part of ``seconds``).
     """
 
     scope: Scope
@@ -107,6 +111,8 @@ class AlignmentReport:
     distance: dict[str, float] = field(default_factory=dict)
     probe_relative_error: float = 0.0
     seconds: float = 0.0
+    calibration: dict[str, Any] | None = None
+    calibration_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (the transform's matrices are left out)."""
@@ -119,6 +125,8 @@ class AlignmentReport:
             "distance": self.distance,
             "probe_relative_error": self.probe_relative_error,
             "seconds": self.seconds,
+            "calibration": self.calibration,
+            "calibration_seconds": self.calibration_seconds,
             "layers": [vars(layer) for layer in self.layers],
         }
 
@@ -232,8 +240,17 @@ def _axes_distance(source: dict, target: dict, axes) -> float:
 class _Aligner:
     """State of one alignment: the working copy, the target, the accumulated transform."""
 
-    def __init__(self, source: nn.Module, target: nn.Module, spec: SymmetrySpec, report: AlignmentReport):
+    def __init__(
+        self,
+        source: nn.Module,
+        target: nn.Module,
+        spec: SymmetrySpec,
+        report: AlignmentReport,
+        calibration: Calibration | None = None,
+    ):
         self.options = report.options
+        self.calibration = calibration
+        self.moments: dict[str, PairedMoment] = {}
         shared = {}
         if self.options.share_frozen and report.scope != "full_model":
             # Parameters outside the scope never change (and equal the target's): share, don't copy.
@@ -243,6 +260,7 @@ class _Aligner:
         self.parameters = dict(self.working.named_parameters())
         self.target = dict(target.named_parameters())
         self.original = dict(source.named_parameters())  # read only
+        self.target_model = target
         self.dtype = next(source.parameters()).dtype
         self.spec = spec
         self.report = report
@@ -259,25 +277,86 @@ class _Aligner:
         with torch.no_grad():
             transform.apply_(self.parameters, self.spec)
         self.report.transform = self.report.transform.compose(transform, self.spec)
+        self.move_moments(transform)
 
-    def stage1(self, index: int) -> tuple[LayerGrams, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    def capture(self, attention: list[int]) -> None:
+        """The activation statistics the options read, from one calibration pass of both models.
+
+        Per attention layer: its input (augmented with 1) for the data objective and the
+        activation metric, and what ``W_O`` reads for the activation metric. Symmetries applied
+        later move them exactly (:meth:`move_moments`), so one pass serves the whole alignment.
+        """
+        if self.calibration is None:
+            return
+        adapter, options = adapter_for(self.working), self.options
+        modules, augment = {}, set()
+        for index in attention:
+            layer = self.spec.blocks[index].attention
+            if options.objective == "data" or options.metric == "activation":
+                key = f"input:{index}"
+                modules[key] = tuple(
+                    adapter.attention_input_module(m, layer) for m in (self.working, self.target_model)
+                )
+                augment.add(key)
+            if options.metric == "activation":
+                modules[f"output:{index}"] = tuple(
+                    adapter.attention_output_module(m, layer) for m in (self.working, self.target_model)
+                )
+        if modules:
+            self.moments = paired_moments(
+                self.working, self.target_model, modules, self.calibration, frozenset(augment)
+            )
+            for key, moment in self.moments.items():
+                self.require_finite(bool(torch.isfinite(moment.cross).all()), f"{key}: the calibration moments")
+
+    def move_moments(self, transform: ModelTransform) -> None:
+        """Keep the source's activation statistics those of the working copy after ``transform``.
+
+        A residual permutation re-indexes every layer's input (the constant 1 stays last); an
+        attention element permutes the heads' outputs and maps each head's by its ``B``.
+        """
+        if not self.moments:
+            return
+        if transform.residual is not None:
+            index = torch.cat([transform.residual.cpu(), torch.tensor([len(transform.residual)])])
+            for key in [k for k in self.moments if k.startswith("input:")]:
+                self.moments[key] = self.moments[key].moved(index)
+        for layer_index, element in transform.attention.items():
+            key = f"output:{layer_index}"
+            if key in self.moments:
+                d_h = element.vo.shape[-1]
+                heads = element.query_permutation.cpu()
+                index = (heads[:, None] * d_h + torch.arange(d_h)).flatten()
+                per_head = element.vo.cpu().double().repeat_interleave(element.queries_per_kv, dim=0)
+                self.moments[key] = self.moments[key].moved(index, torch.block_diag(*per_head))
+
+    def stage1(
+        self, index: int
+    ) -> tuple[LayerGrams, LayerGrams, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+        """``(weight Grams, the Grams Stage 2 reads, cost, match, kv_match, seconds)`` of one layer."""
         layer = self.spec.blocks[index].attention
         seconds = {}
         start = time.perf_counter()
         grams = LayerGrams.compute(self.parameters, self.target, layer)
         self.require_finite(grams.all_finite(), f"{layer.name}: the Gram matrices")
+        data_grams = None
+        if f"input:{index}" in self.moments:
+            data_grams = LayerGrams.compute(self.parameters, self.target, layer, self.moments[f"input:{index}"])
+            self.require_finite(data_grams.all_finite(), f"{layer.name}: the data Gram matrices")
+        stage2_grams = data_grams if self.options.objective == "data" else grams
         seconds["grams"] = time.perf_counter() - start
         start = time.perf_counter()
-        cost = head_cost(grams, layer, self.options)
+        cost_grams = data_grams if self.options.metric == "activation" else stage2_grams
+        cost = head_cost(cost_grams, layer, self.options, self.moments.get(f"output:{index}"))
         self.require_finite(bool(torch.isfinite(cost).all()), f"{layer.name}: the Stage 1 head cost")
         order = (self.options.head_orders or {}).get(index)
         match, kv_match = assign_heads(cost, layer.queries_per_kv) if order is None else imposed_order(order, layer)
         seconds["stage1"] = time.perf_counter() - start
-        return grams, cost, match, kv_match, seconds
+        return grams, stage2_grams, cost, match, kv_match, seconds
 
     def permute_heads(self, index: int) -> bool:
         """Stage 1 only; returns whether the head order changed."""
-        grams, _, match, kv_match, _ = self.stage1(index)
+        grams, _, _, match, kv_match, _ = self.stage1(index)
         if torch.equal(match, torch.arange(len(match))):
             return False
         layer = self.spec.blocks[index].attention
@@ -288,9 +367,9 @@ class _Aligner:
     def align_attention(self, index: int) -> None:
         """Both stages on one layer, recording distances after each stage."""
         layer = self.spec.blocks[index].attention
-        grams, cost, match, kv_match, seconds = self.stage1(index)
+        grams, stage2_grams, cost, match, kv_match, seconds = self.stage1(index)
         start = time.perf_counter()
-        stages = attention_stages(grams, layer, match, kv_match, self.options.method, self.options)
+        stages = attention_stages(stage2_grams, layer, match, kv_match, self.options.method, self.options)
         seconds["stage2"] = time.perf_counter() - start
         distance = {"naive": _layer_distance(self.original, self.target, layer)}
         distance.update(stage_distances(grams, layer, match, kv_match, stages))
@@ -387,7 +466,11 @@ def _probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: i
 
 
 def align(
-    source: nn.Module, target: nn.Module, scope: Scope = "first_attention", options: AlignOptions | None = None
+    source: nn.Module,
+    target: nn.Module,
+    scope: Scope = "first_attention",
+    options: AlignOptions | None = None,
+    calibration: Calibration | None = None,
 ) -> tuple[nn.Module, AlignmentReport]:
     """Align ``source`` to ``target`` within the symmetry group of ``scope``.
 
@@ -401,12 +484,17 @@ def align(
             Outside ``full_model`` every parameter outside the scope must be identical in both.
         options: Method, head metric, Stage 2 and check settings (:class:`AlignOptions`);
             ``None`` takes the defaults.
+        calibration: Training batches the data-aware settings (``objective="data"``,
+            ``metric="activation"``, ``unit_matching="activation"``) read activations from; its
+            first ``options.calibration_batches`` are used. Ignored by weight-only settings. The
+            group element is still applied to the weights, so the function stays exact.
 
     Returns:
         ``(aligned, report)``: a new module computing the same function as ``source``.
 
     Raises:
-        ValueError: Unknown ``scope``.
+        ValueError: Unknown ``scope``; data-aware options without a calibration (or with fewer
+            batches than ``options.calibration_batches``).
         AlignmentError: The pair cannot be aligned (architectures, dtypes, devices, frozen
             parameters, NaN/Inf or overflowing weights), or the result is not a symmetry of
             ``source`` on the probe to ``report.check_rtol``.
@@ -414,15 +502,34 @@ def align(
     options = AlignOptions() if options is None else options
     if not isinstance(options, AlignOptions):
         raise TypeError(f"options must be an lmc.matching.AlignOptions, got {type(options).__name__}")
+    if options.unit_matching == "activation":
+        raise NotImplementedError(
+            "unit_matching='activation' (activation matching of FFN units and the residual stream, issue #8 item 4) "
+            "is not implemented yet; use unit_matching='weight'"
+        )
+    if options.data_aware:
+        if calibration is None:
+            chosen = {k: getattr(options, k) for k in ("objective", "metric", "unit_matching")}
+            raise ValueError(
+                f"the alignment options {chosen} read activations, so align needs calibration batches: pass "
+                "calibration=lmc.matching.Calibration(...) (lmc.connectivity.training_calibration builds one from a "
+                "DataModule's training split), or --data on the command line"
+            )
+        calibration = calibration.take(options.calibration_batches)
     started = time.perf_counter()
     spec = _check_pair(source, target, scope)
     dtype = next(source.parameters()).dtype
     rtol = PROBE_RTOL[dtype] if options.check_rtol is None else options.check_rtol
     report = AlignmentReport(scope, options, _dtype_name(dtype), rtol, _dtype_name(compute_dtype(dtype)))
-    aligner = _Aligner(source, target, spec, report)
+    if options.data_aware:
+        report.calibration = calibration.identity() | {"batches": len(calibration.batches)}
+    aligner = _Aligner(source, target, spec, report, calibration if options.data_aware else None)
 
     if options.method != "naive":
         attention, feed_forward, whole = scope_blocks(spec, scope)
+        start = time.perf_counter()
+        aligner.capture(attention)
+        report.calibration_seconds = time.perf_counter() - start
         for index in feed_forward if not whole else []:
             start = time.perf_counter()
             aligner.permute_feed_forward(index)

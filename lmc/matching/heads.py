@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from lmc.matching.calibration import PairedMoment
 from lmc.matching.grams import LayerGrams, frobenius_inner, trace
 from lmc.matching.options import AlignOptions
 from lmc.matching.stage2 import Stage2Problem, solve_stage2
@@ -33,7 +34,7 @@ def invariant_products(grams: LayerGrams, queries_per_kv: int) -> dict[str, torc
         return kv.repeat_interleave(q, 2) if kv.ndim == 4 else kv
 
     def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # (n, d_h, n', d_h) blocks -> (n, n')
-        return torch.einsum("iajb,iajb->ij", a, b).double()
+        return torch.einsum("iajb,iajb->ij", a.double(), b.double())
 
     return {
         "qk_cross": cross(grams.query_cross, per_query(key_cross)),
@@ -45,8 +46,17 @@ def invariant_products(grams: LayerGrams, queries_per_kv: int) -> dict[str, torc
     }
 
 
-def head_cost(grams: LayerGrams, spec: AttentionSpec, options: AlignOptions) -> torch.Tensor:
+def head_cost(
+    grams: LayerGrams, spec: AttentionSpec, options: AlignOptions, head_outputs: PairedMoment | None = None
+) -> torch.Tensor:
     """Stage 1 cost between source query head ``i`` and target query head ``j``, shape ``(h, h)``.
+
+    Args:
+        grams: The layer's Grams; for ``activation``, those on data (:meth:`LayerGrams.compute` with ``inputs``).
+        spec: The layer.
+        options: The metric, and Stage 2's settings for ``weight``.
+        head_outputs: For ``activation``: the paired second moments of what ``W_O`` reads (the
+            heads' outputs, ``(h d_h, h d_h)``) on the calibration tokens.
 
     Metrics (``options.metric``):
         ``invariant``: ``||M_i - M_j'||^2 + ||N_i - N_j'||^2`` (group-invariant products).
@@ -54,6 +64,12 @@ def head_cost(grams: LayerGrams, spec: AttentionSpec, options: AlignOptions) -> 
             (:func:`~lmc.matching.stage2.solve_stage2` with ``options``); with GQA the pair's own
             query head and its KV head stand for the group.
         ``correlation``: minus the cosine similarities of ``M`` and of ``N`` (scale-free).
+        ``activation``: minus the cosine similarities, over the calibration tokens, of each head's
+            output ``o_i = z_i W_O^i`` (``E<o_i, o'_j> / sqrt(E|o_i|^2 E|o'_j|^2)``, exact from the
+            moments of ``z`` and the ``W_O`` Grams) and of its centred attention logits
+            ``x_m W_Q^i W_K^i^T x_n^T`` over pairs of calibration tokens drawn independently (from
+            the data Grams; with RoPE the rotation-free part, as ``invariant``). Both are invariant
+            under the group, and neither reads directions the layer's input never takes.
     """
     if options.metric == "weight":
         return _pairwise_stage2_distance(grams, spec, options)
@@ -62,10 +78,37 @@ def head_cost(grams: LayerGrams, spec: AttentionSpec, options: AlignOptions) -> 
         qk = p["qk_source"][:, None] + p["qk_target"][None, :] - 2 * p["qk_cross"]
         vo = p["vo_source"][:, None] + p["vo_target"][None, :] - 2 * p["vo_cross"]
         return qk + vo
+    qk = _cosine(p["qk_cross"], p["qk_source"], p["qk_target"])
+    if options.metric == "correlation":
+        return -(qk + _cosine(p["vo_cross"], p["vo_source"], p["vo_target"]))
+    if head_outputs is None:
+        raise ValueError("the activation metric needs the moments of the heads' outputs (head_outputs)")
+    return -(qk + _cosine(*output_products(grams, head_outputs, spec.head_dim)))
+
+
+def _cosine(cross: torch.Tensor, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     tiny = torch.finfo(torch.float64).tiny
-    qk = p["qk_cross"] / (p["qk_source"][:, None] * p["qk_target"][None, :]).clamp(min=tiny).sqrt()
-    vo = p["vo_cross"] / (p["vo_source"][:, None] * p["vo_target"][None, :]).clamp(min=tiny).sqrt()
-    return -(qk + vo)
+    return cross / (source[:, None] * target[None, :]).clamp(min=tiny).sqrt()
+
+
+def output_products(
+    grams: LayerGrams, head_outputs: PairedMoment, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``E<o_i, o'_j>`` ``(h, h)``, ``E|o_i|^2`` and ``E|o'_j|^2`` ``(h,)`` of the heads' outputs through ``W_O``.
+
+    ``<z_i W_O^i, z'_j W_O'^j> = sum_ab z_i[a] z'_j[b] <W_O^i[a], W_O'^j[b]>``: the moments of ``z``
+    times the output Grams, elementwise; no ``d``-wide product per token.
+    """
+    blocks = {
+        k: getattr(head_outputs, k).unflatten(1, (-1, head_dim)).unflatten(0, (-1, head_dim))
+        for k in ("source", "cross", "target")
+    }
+    out_cross = grams.out_cross.double()
+    cross = torch.einsum("iajb,iajb->ij", out_cross, blocks["cross"].to(out_cross))
+    diagonal = torch.arange(out_cross.shape[0])
+    source = frobenius_inner(grams.out_source.double(), blocks["source"][diagonal, :, diagonal, :].to(out_cross))
+    target = frobenius_inner(grams.out_target.double(), blocks["target"][diagonal, :, diagonal, :].to(out_cross))
+    return cross, source, target
 
 
 def _pairwise_stage2_distance(grams: LayerGrams, spec: AttentionSpec, options: AlignOptions) -> torch.Tensor:

@@ -12,9 +12,15 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 Method = Literal["naive", "permutation", "orthogonal", "full"]
-Metric = Literal["invariant", "weight", "correlation"]
+Metric = Literal["invariant", "weight", "correlation", "activation"]
+Objective = Literal["weight", "data"]
+UnitMatching = Literal["weight", "activation"]
 METHODS: tuple[str, ...] = get_args(Method)
 METRICS: tuple[str, ...] = get_args(Metric)
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+UNIT_MATCHINGS: tuple[str, ...] = get_args(UnitMatching)
+#: The fields that matter only to a data-aware alignment (see :attr:`AlignOptions.data_aware`).
+DATA_FIELDS: tuple[str, ...] = ("objective", "unit_matching", "calibration_batches")
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,26 @@ class AlignOptions:
     metric: Metric = "invariant"
     """Stage 1 head cost: ``invariant`` (distances of the group-invariant products ``Q K^T`` and
     ``V O``), ``weight`` (the weight distance left after Stage 2 for each candidate pair) or
-    ``correlation`` (cosine similarities of the invariant products)."""
+    ``correlation`` (cosine similarities of the invariant products) or ``activation`` (cosine
+    similarities of each head's output through ``W_O`` on the calibration batches, plus those of its
+    attention logits, ``x_m W_Q W_K^T x_n^T`` over calibration tokens; needs a calibration).
+    The weight-based metrics read the Grams ``objective`` selects."""
+
+    objective: Objective = "weight"
+    """What Stage 1's weight-based metrics and Stage 2 measure: ``weight`` (the raw weights,
+    ``||W_Q C - W_Q'||^2 + ...``) or ``data`` (the projections' activations on the calibration
+    batches: ``E||x W_Q C - x' W_Q'||^2`` over paired tokens, ``x`` and ``x'`` the source's and
+    the target's input to the layer, biases included; the same for ``W_K C^{-T}`` and ``W_V B``,
+    i.e. ``W^T Sigma W'`` with the inputs' second moments in place of ``W^T W'``; ``W_O`` reads the
+    attention's output, not ``x``, and stays on weights). Needs a calibration."""
+
+    unit_matching: UnitMatching = "weight"
+    """How FFN hidden units and the residual stream are permuted: ``weight`` (weight matching) or
+    ``activation`` (Git Re-Basin's activation matching: the permutation maximizing the correlation
+    of the two models' activations on the calibration batches). Needs a calibration."""
+
+    calibration_batches: int = 8
+    """Calibration batches (from the training split) that data-aware settings read."""
 
     steps: int = 30
     """Most L-BFGS iterations of Stage 2 (0 stops after the orthogonal start). Independent pairs
@@ -67,12 +92,21 @@ class AlignOptions:
     target head of each source query head. Stage 2 then runs on that order, which is how every
     head order of a layer is scored against the one Stage 1 picks (the paper's Table 1)."""
 
+    @property
+    def data_aware(self) -> bool:
+        """Whether these settings read activations, so that :func:`~lmc.matching.align` needs a calibration."""
+        return self.objective == "data" or self.metric == "activation" or self.unit_matching == "activation"
+
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.metric not in METRICS:
-            raise ValueError(f"unknown metric {self.metric!r}; choose one of {', '.join(METRICS)}")
-        for name, least in (("steps", 0), ("max_iterations", 0), ("probe_batch_size", 1)):
+        for name, choices in (
+            ("method", METHODS),
+            ("metric", METRICS),
+            ("objective", OBJECTIVES),
+            ("unit_matching", UNIT_MATCHINGS),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")
+        for name, least in (("steps", 0), ("max_iterations", 0), ("probe_batch_size", 1), ("calibration_batches", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")

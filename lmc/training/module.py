@@ -112,6 +112,12 @@ class LMCModule(L.LightningModule):
         """Logits: ``(B, classes)`` or ``(B, T, vocab)``."""
         return self.adapter.forward(self.model, self.adapter.model_inputs(self.model, batch))
 
+    def model_loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean cross-entropy of ``model`` on ``batch``: this module's backbone or a copy of it (an
+        aligned one); the forward of a calibration (:func:`lmc.connectivity.training_calibration`)."""
+        logits = self.adapter.forward(model, self.adapter.model_inputs(model, batch))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["labels"].reshape(-1))
+
     def metric_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Named float64 sums over a batch's samples (classification) or tokens (language modelling).
 

@@ -20,6 +20,7 @@ from lmc.checkpoints import CheckpointError, WriteError, load_weights
 from lmc.connectivity import Evaluation, SweepHooks, data_identity, measure_connectivity
 from lmc.interpolation import barriers, evaluate, evenly_spaced, fingerprint, point_metrics
 from lmc.matching import AlignOptions
+from lmc.matching.options import DATA_FIELDS
 from tests.runs import CONFIG, MODEL, data, finetuned, pretrain_and_first_seed, trainer
 
 
@@ -113,7 +114,8 @@ def test_results_say_which_run_and_checkpoints_they_belong_to(runs):
     assert run["model"]["fingerprint"] == fingerprint(module.model.parameters())
     assert run["model"]["checkpoint"] is None  # the fixture's trainer keeps no checkpoint
     assert list(run["references"]) == [str(runs["seed0"])]
-    assert run["settings"]["split"] == "val" and run["settings"]["options"] == vars(AlignOptions())
+    weight_only = {k: v for k, v in vars(AlignOptions()).items() if k not in DATA_FIELDS}  # no calibration read
+    assert run["settings"]["split"] == "val" and run["settings"]["options"] == weight_only
     assert run["settings"]["data"] == data_identity(data()) and run["settings"]["alphas"] == evenly_spaced(25)
     reference = load_weights(module.build_model(), runs["seed0"])
     assert results["references"][str(runs["seed0"])]["reference_fingerprint"] == fingerprint(reference.parameters())
