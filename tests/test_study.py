@@ -1,0 +1,95 @@
+"""``lmc repro``: the study's configs, its checks, and its quick form end to end (resumed to the same bytes)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmc.adapters import model_spec
+from lmc.cli import main
+from lmc.experiment import lightning_cli
+from lmc.study import Family, Study, load_study
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY, QUICK = "configs/study/repro.yaml", "configs/study/quick.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _in_the_repository(monkeypatch):
+    monkeypatch.chdir(ROOT)  # study configs name their files relative to the repository
+
+
+def test_every_family_is_the_papers_six_layers_and_four_heads():
+    study = load_study([STUDY])
+    assert [family.name for family in study.families] == [
+        "vit_ape", "vit_rope", "bert_ape", "bert_rope", "gpt2_ape", "llama_rope"
+    ]  # fmt: skip
+    assert study.strategies == ["first_attention", "all_attention", "first_block", "full_model"]
+    for family in study.families:
+        cli = lightning_cli(study.run_arguments(family, "first_attention", None), run=False)
+        layers = model_spec(cli.model.model).attention
+        assert len(layers) == 6 and {layer.num_heads for layer in layers} == {4}, family.name
+        assert cli.config_init.protocol.seeds == (5 if family.table1 else 3)
+        assert bool(cli.config_init.protocol.head_orders) == family.table1
+
+
+def test_run_arguments_share_the_pretrained_model_and_train_full_model_from_scratch():
+    study = load_study([STUDY])
+    family = study.families[0]
+    args = study.run_arguments(family, "first_block", Path("runs/x/pretrain/final.ckpt"))
+    assert "--protocol.pretrained=runs/x/pretrain/final.ckpt" in args
+    assert "--protocol.robustness=true" not in study.run_arguments(family, "first_attention", None)
+    assert "--protocol.robustness=true" in study.run_arguments(family, "full_model", None)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"strategies": ["first_layer"]}, "first_layer"),
+        ({"seeds": 1}, "at least 2"),
+        ({"families": []}, "at least one family"),
+        ({"overlays": ["configs/study/missing.yaml"]}, "configs/study/missing.yaml does not exist"),
+    ],
+)
+def test_bad_studies_are_refused_by_name(change, message):
+    study = load_study([STUDY])
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        dataclasses.replace(study, **change)
+
+
+def test_family_names_must_be_unique():
+    family = Family("vit_ape", "ViT", "configs/study/vit_ape.yaml")
+    with pytest.raises(ValueError, match="unique"):
+        Study(families=[family, family])
+
+
+@pytest.mark.slow
+def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsys):
+    where = tmp_path / "where.yaml"
+    where.write_text(
+        yaml.safe_dump({"study": {"output_dir": str(tmp_path / "runs"), "report": str(tmp_path / "r.md")}})
+    )
+    args = ["repro", "--study", f'["{STUDY}", "{QUICK}", "{where}"]', "--jobs", "2"]
+    main(args)
+    report = (tmp_path / "r.md").read_text()
+    # Table 1 of the ViT family; both strategies of both families; robustness of full_model.
+    table1 = report.split("## Table 1")[1].split("## Appendix K")[0]
+    assert "| ViT, digits, RoPE | 1 |" in table1 and "| paper (ViT/BERT, 4 data sets) |" in table1
+    strategies = report.split("## The four re-initialization strategies")[1].split("## Robustness")[0]
+    for name, title in (("vit_rope", "ViT, digits, RoPE"), ("llama_rope", "Llama, byte LM, RoPE (GQA 4/2)")):
+        for strategy in ("first_attention", "full_model"):
+            assert f"| {title} | {strategy} | 1 |" in strategies
+        assert f"### {title}, full_model: aligned > naive in " in report
+        assert (tmp_path / "r" / f"{name}.png").is_file()
+    checkpoints = sorted((tmp_path / "runs").rglob("final.ckpt"))
+    stamps = [path.stat().st_mtime_ns for path in checkpoints]
+    # Pre-trained once per family, then 2 seeds per strategy.
+    assert len(checkpoints) == 2 * (1 + 2 * 2)
+
+    (tmp_path / "r.md").unlink()
+    main(args)  # resumes: nothing is trained again, and the same runs give the same report
+    assert [path.stat().st_mtime_ns for path in checkpoints] == stamps
+    assert (tmp_path / "r.md").read_text() == report
