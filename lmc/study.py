@@ -15,6 +15,7 @@ the same numbers.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -24,6 +25,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from lmc.checkpoints import atomic_write_json
+from lmc.report import FIRST_LAYER_INPUTS, write_report
 from lmc.symmetry import SCOPES, Scope, check_scope
 
 #: Threads per worker: a fixed count keeps the floating-point reductions, and so the numbers, fixed.
@@ -141,7 +144,54 @@ def run_family(study: Study, family: Family) -> dict[str, float]:
         if pretrained is None:
             pretrained = Path(study.output_dir) / family.name / strategy / "pretrain" / "final.ckpt"
         seconds[strategy] = time.perf_counter() - start
+    inputs = first_layer_inputs(study, family)
+    atomic_write_json(Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS, inputs)
     return seconds
+
+
+def first_layer_inputs(study: Study, family: Family, batches: int = 8) -> dict[str, Any]:
+    """How much of the width the first attention layer's inputs span, and how much of its Q/K/V
+    weights they reach, in seed 0 of the first strategy (a fine-tuned model of the study).
+
+    A weight-space cost counts every direction of ``W_Q, W_K, W_V``, but the function only
+    depends on their action on the inputs the layer receives: with inputs confined to a subspace,
+    the rest of the weights is the untouched initialization and weighs on the matcher without
+    bearing on the barrier. Measured on ``batches`` training batches of the fine-tuning half.
+
+    Returns:
+        ``{"width", "rank", "tokens", "visible": {"query", "key", "value"}}``: the numerical rank of
+        the inputs' second moment ``E[x x^T]`` (float64, eigenvalues above 1e-10 of the largest)
+        and each projection's squared norm share on that span.
+    """
+    import torch
+
+    from lmc.adapters import adapter_for, model_spec
+    from lmc.checkpoints import load_weights
+    from lmc.connectivity import training_calibration
+    from lmc.experiment import Experiment, lightning_cli
+    from lmc.matching.calibration import paired_moments
+    from lmc.symmetry import head_rows
+
+    strategy = study.strategies[0]
+    experiment = Experiment(lightning_cli(study.run_arguments(family, strategy, None), run=False))
+    folder = Path(study.output_dir) / family.name / strategy
+    stage = experiment.finetune_stage(0, folder / "pretrain" / "final.ckpt", "")
+    _, module, datamodule = experiment.instantiate(stage)
+    model = load_weights(module.model, folder / "seed0" / "final.ckpt").eval()
+    layer = model_spec(model).attention[0]
+    twin = copy.deepcopy(model)  # paired moments read two models; both are this one
+    adapter = adapter_for(model)
+    watched = {"input": (adapter.attention_input_module(model, layer), adapter.attention_input_module(twin, layer))}
+    calibration = training_calibration(datamodule, module.model_loss, batches)
+    moment = paired_moments(model, twin, watched, calibration)["input"]
+    values, vectors = torch.linalg.eigh(moment.source)
+    span = vectors[:, values > 1e-10 * values[-1]]
+    parameters = dict(model.named_parameters())
+    visible = {}
+    for name in ("query", "key", "value"):
+        rows = head_rows(parameters, layer, name).double()
+        visible[name] = float((rows @ span).square().sum() / rows.square().sum())
+    return {"width": layer.width, "rank": span.shape[1], "tokens": moment.tokens, "visible": visible}
 
 
 def _run_family_logged(study: Study, family: Family) -> dict[str, float]:
@@ -180,8 +230,6 @@ def run_study(study: Study, jobs: int = 2) -> dict[str, dict[str, float]]:
 
 def repro(paths: list[str | Path], jobs: int = 2) -> dict[str, Any]:
     """Run a study and write its report; returns the report's data."""
-    from lmc.report import write_report
-
     study = load_study(paths)
     start = time.perf_counter()
     times = run_study(study, jobs)

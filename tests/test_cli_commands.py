@@ -177,6 +177,7 @@ def test_data_aware_interpolate_keys_its_sweep_by_the_calibration(checkpoints, t
     a, b, output = str(checkpoints["seed1"]), str(checkpoints["seed0"]), tmp_path / "lmc"
     command = ["interpolate", a, b, DIGITS, f"--output-dir={output}", "--num-alphas", "3", "--objective", "data"]
     main([*command, "--calibration-batches", "2"])
+    capsys.readouterr()  # the sweep's progress bar
     (result,) = json.loads((output / "lmc_results.json").read_text())["references"].values()
     assert result["settings"]["calibration"]["num_samples"] == 64
     assert result["alignment"]["calibration"]["split"] == "train"

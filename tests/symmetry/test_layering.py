@@ -34,7 +34,7 @@ ALLOWED = {
     "symmetry_demo": {"adapters", "models", "symmetry"},
     "demo": {"experiment"},
     "report": {"checkpoints", "summary"},
-    "study": {"experiment", "report", "symmetry"},
+    "study": {"adapters", "checkpoints", "connectivity", "experiment", "matching", "report", "symmetry"},
     "commands": {
         "adapters", "checkpoints", "connectivity", "data", "demo", "formats", "interpolation", "matching", "models",
         "study", "symmetry", "symmetry_demo", "training",
