@@ -34,6 +34,7 @@ def test_every_family_is_the_papers_six_layers_and_four_heads():
         assert len(layers) == 6 and {layer.num_heads for layer in layers} == {4}, family.name
         assert cli.config_init.protocol.seeds == (5 if family.table1 else 3)
         assert bool(cli.config_init.protocol.head_orders) == family.table1
+    assert [family.name for family in study.families if family.table1] == ["vit_ape", "vit_rope"]
 
 
 def test_run_arguments_share_the_pretrained_model_and_train_full_model_from_scratch():
