@@ -178,7 +178,7 @@ def _robustness(study, summaries) -> list[str]:
     return lines
 
 
-def _first_layer_inputs(study) -> list[str]:
+def _first_layer_inputs(study, summaries) -> list[str]:
     lines = [
         "## Where lmc's numbers differ from the paper's, and why",
         "",
@@ -192,6 +192,7 @@ def _first_layer_inputs(study) -> list[str]:
         "| family | width | input rank | visible W_Q | visible W_K | visible W_V |",
         "|---|---|---|---|---|---|",
     ]
+    comparisons = []
     for family in study.families:
         path = Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS
         if not path.is_file():
@@ -199,7 +200,22 @@ def _first_layer_inputs(study) -> list[str]:
         inputs = json.loads(path.read_text())
         shares = " | ".join(f"{100 * inputs['visible'][name]:.1f} %" for name in ("query", "key", "value"))
         lines.append(f"| {family.title} | {inputs['width']} | {inputs['rank']} | {shares} |")
-    return lines
+        summary = summaries.get(family.name, {}).get("first_attention")
+        if summary and "full" in summary["alignments"]:
+            ratio = summary["alignments"]["full"]["barrier_ratio"]["loss_barrier"]
+            comparisons.append(
+                f"- {family.title}: inputs span {inputs['rank']} of {inputs['width']} dimensions; the full "
+                f"method leaves {_cell(ratio, unit=' %')} of the naive loss barrier under `first_attention` "
+                f"({_position(ratio['mean'], 7, 12)} the paper's 7-12 %)."
+            )
+    return [*lines, "", *comparisons]
+
+
+def _position(value: float, low: float, high: float) -> str:
+    """Where a measured mean lies with respect to the paper's range."""
+    if not math.isfinite(value):
+        return "not comparable with"
+    return "below" if value < low else "within" if value <= high else "above"
 
 
 def _figure(family, strategies: dict[str, dict[str, Any]], path: Path) -> None:
@@ -256,7 +272,7 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
         done = ", ".join(summaries.get(family.name, {})) or "none"
         lines.append(f"| {family.title} | `{family.experiment}` | {done} |")
     lines += ["", *_table1(study, summaries), "", *_appendix_k(study, summaries), "", *_strategies(study, summaries)]
-    lines += ["", *_robustness(study, summaries), "", *_first_layer_inputs(study)]
+    lines += ["", *_robustness(study, summaries), "", *_first_layer_inputs(study, summaries)]
     lines += ["", "### Interpolation curves", ""]
     for family in study.families:
         strategies = {s: v for s, v in summaries.get(family.name, {}).items() if "full" in v["alignments"]}
