@@ -12,7 +12,7 @@ subprocesses with ``--threads`` torch threads measures:
 The Llama-3.2-1B shape is measured the same way, and at ``full_model`` with ``lmc.matching.align``
 in memory (``full_model`` is not streamed), its pair independent everywhere.
 
-    python benchmarks/streamed_align.py                       # 1b then 8b, writes results/streamed_align.md
+    python benchmarks/streamed_align.py                       # 1b then 8b, into results/streamed_align.json
     python benchmarks/streamed_align.py --shapes 1b --keep    # keep the written folders
 """
 

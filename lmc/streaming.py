@@ -42,21 +42,34 @@ from torch import nn
 
 from lmc.adapters import model_spec
 from lmc.checkpoints import CheckpointError, atomic_write_json, check_output_folder
+from lmc.formats.huggingface import (
+    CONFIG_FILE,
+    INDEX_FILES,
+    copy_tokenizer_files,
+    model_class,
+    read_config,
+    weight_files,
+    weight_index,
+)
 from lmc.matching import PROBE_RTOL, AlignmentError, AlignmentReport, AlignOptions, LayerAlignment
 from lmc.matching.alignment import align_attention_layer, check_same_attention
 from lmc.matching.permutation import axis_correlation, best_permutation
-from lmc.symmetry import AttentionSpec, ModelTransform, Scope, SymmetrySpec, check_scope, read_attention, scope_blocks
+from lmc.symmetry import (
+    AttentionSpec,
+    ModelTransform,
+    Scope,
+    SymmetrySpec,
+    check_scope,
+    compute_dtype,
+    read_attention,
+    scope_blocks,
+)
 
 STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block")
 """The scopes :func:`align_directories` streams."""
 
 #: Largest piece of a tensor held at once while copying, comparing or merging (bytes).
 CHUNK_BYTES = 1 << 26
-
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
-#: Files besides the weights copied into every output folder (config, index, tokenizer, generation).
-COPIED_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
@@ -99,27 +112,19 @@ class HFCheckpoint:
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
-        if not (self.folder / "config.json").is_file():
+        self.config = read_config(self.folder)
+        files = weight_files(self.folder)
+        if any(path.suffix != ".safetensors" for path in files):
             raise CheckpointError(
-                f"{self.folder} is not a Hugging Face model folder (no config.json): save it with model.save_pretrained"
+                f"{self.folder} stores its weights as {files[0].name}; streamed alignment reads safetensors: "
+                "save the model with save_pretrained(..., safe_serialization=True)"
             )
-        if (self.folder / INDEX_FILE).is_file():
-            weight_map = json.loads((self.folder / INDEX_FILE).read_text()).get("weight_map", {})
-            self.shards = sorted(set(weight_map.values()))
-        elif (self.folder / SINGLE_FILE).is_file():
-            self.shards = [SINGLE_FILE]
-        else:
-            raise CheckpointError(
-                f"{self.folder} holds no {SINGLE_FILE} nor {INDEX_FILE}: save the model with "
-                "save_pretrained(..., safe_serialization=True)"
-            )
+        self.shards = [path.name for path in files]
+        self.index = weight_index(self.folder)
         self.headers: dict[str, bytes] = {}
         self.entries: dict[str, _Entry] = {}
         for shard in self.shards:
-            path = self.folder / shard
-            if not path.is_file():
-                raise CheckpointError(f"{path} is listed in {self.folder / INDEX_FILE} but missing")
-            self.headers[shard], header = _read_header(path)
+            self.headers[shard], header = _read_header(self.folder / shard)
             for name, entry in header.items():
                 if name != "__metadata__":
                     self.entries[name] = _Entry(
@@ -158,20 +163,15 @@ def skeleton(folder: str | Path) -> nn.Module:
     """The model of a ``save_pretrained`` folder built on the ``meta`` device: its layout, no weights.
 
     Raises:
-        CheckpointError: ``config.json`` names no architecture that transformers provides.
+        CheckpointError: ``config.json`` names no single architecture.
+        UnsupportedModelError: lmc has no adapter for it.
     """
     import transformers
 
-    config = transformers.AutoConfig.from_pretrained(str(folder))
-    architectures = getattr(config, "architectures", None) or []
-    model_class = getattr(transformers, architectures[0], None) if len(architectures) == 1 else None
-    if model_class is None:
-        raise CheckpointError(
-            f"{Path(folder) / 'config.json'} names architectures {architectures}; lmc needs exactly one model class "
-            "that transformers provides (save the model with save_pretrained)"
-        )
+    cls = model_class(read_config(folder), folder)
+    config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     with torch.device("meta"):
-        return model_class(config)
+        return cls(config)
 
 
 def _write_tensor(handle, tensor: torch.Tensor) -> None:
@@ -477,7 +477,7 @@ def align_directories(
     spec = model_spec(model)
     check_same_attention(spec, model_spec(skeleton(target.folder)))
     rtol = PROBE_RTOL[dtype] if options.check_rtol is None else options.check_rtol
-    report = AlignmentReport(scope, options, _dtype_name(dtype), rtol)
+    report = AlignmentReport(scope, options, _dtype_name(dtype), rtol, _dtype_name(compute_dtype(dtype)))
     if options.method != "naive":
         _solve(source, target, spec, scope, report)
 
@@ -491,10 +491,11 @@ def align_directories(
     try:
         temporary.mkdir(parents=True)
         squared = _write(source, target, folders, groups, parameters, scoped, scope)
-        for path in source.folder.iterdir():
-            if path.is_file() and path.suffix in COPIED_SUFFIXES:
-                for folder in folders.values():
-                    shutil.copyfile(path, folder / path.name)
+        extra = [CONFIG_FILE] + ([] if source.index is None else [INDEX_FILES[0]])
+        for folder in folders.values():
+            for name in extra:
+                shutil.copyfile(source.folder / name, folder / name)
+            copy_tokenizer_files(source.folder, folder)
         report.distance = {key: value**0.5 for key, value in squared.items()}
         report.probe_relative_error = groups.probe_error
         report.seconds = time.perf_counter() - started
