@@ -470,12 +470,12 @@ def align_directories(
     source, target = HFCheckpoint(source_dir), HFCheckpoint(target_dir)
     output = Path(output_dir)
     _check_output(output, [source.folder, target.folder], overwrite)
-    model = skeleton(source.folder)
-    if type(skeleton(target.folder)) is not type(model):
+    model, target_model = skeleton(source.folder), skeleton(target.folder)
+    if type(target_model) is not type(model):
         raise AlignmentError(f"{source.folder} and {target.folder} hold different architectures")
     dtype = _check_inputs(source, target, model, scope)
     spec = model_spec(model)
-    check_same_attention(spec, model_spec(skeleton(target.folder)))
+    check_same_attention(spec, model_spec(target_model))
     rtol = PROBE_RTOL[dtype] if options.check_rtol is None else options.check_rtol
     report = AlignmentReport(scope, options, _dtype_name(dtype), rtol, _dtype_name(compute_dtype(dtype)))
     if options.method != "naive":
