@@ -249,8 +249,11 @@ class LlamaAdapter(_TokenAdapter):
         # Distinct frequencies show within a few thousand positions; long contexts need no more.
         positions = torch.arange(min(model.config.max_position_embeddings, 4096))[None]
         probe = torch.zeros(1, 1, dtype=torch.float64)
+        rotary_emb = model.model.rotary_emb
+        if rotary_emb.inv_freq.is_meta:  # a skeleton on the meta device: the frequencies follow from the config
+            rotary_emb = type(rotary_emb)(model.config)
         with torch.no_grad():
-            cos, sin = model.model.rotary_emb(probe, positions)  # (1, T, head_dim), cat(freqs, freqs)
+            cos, sin = rotary_emb(probe, positions)  # (1, T, head_dim), cat(freqs, freqs)
         if cos.shape[-1] != head_dim:
             raise UnsupportedModelError(f"Llama rotary width {cos.shape[-1]} != head_dim {head_dim} is not supported")
         pairs = rotary_pairs("half", head_dim)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ from lmc.matching.options import AlignOptions
 from lmc.matching.permutation import axis_correlation, best_permutation
 from lmc.matching.stage2 import attention_stages, stage_distances
 from lmc.symmetry import (
+    AttentionSpec,
+    AttentionTransform,
     AxisPermutation,
     ModelTransform,
     Scope,
@@ -158,6 +161,20 @@ def _check_storage(source: nn.Module, target: nn.Module) -> None:
         raise AlignmentError(f"lmc aligns {supported} models, not {_dtype_name(dtype)}; cast both with model.to(...)")
 
 
+def check_same_attention(spec: SymmetrySpec, target_spec: SymmetrySpec) -> None:
+    """Raise :class:`AlignmentError` unless both specs' attention layers have one shape and one RoPE."""
+    for layer, other in zip(spec.attention, target_spec.attention):
+        fields = ("num_heads", "num_kv_heads", "head_dim", "width", "pe")
+        if any(getattr(layer, f) != getattr(other, f) for f in fields):
+            described = {f: (getattr(layer, f), getattr(other, f)) for f in fields}
+            raise AlignmentError(f"{layer.name}: source and target attention differ (source, target): {described}")
+        if layer.rotary is not None and not (
+            torch.equal(layer.rotary.pairs, other.rotary.pairs)
+            and torch.allclose(layer.rotary.angles, other.rotary.angles, atol=1e-6)
+        ):
+            raise AlignmentError(f"{layer.name}: source and target use different rotary positional encodings")
+
+
 def _check_pair(source: nn.Module, target: nn.Module, scope: Scope) -> SymmetrySpec:
     """Raise :class:`AlignmentError` unless the two models can be aligned at ``scope``."""
     check_scope(scope)
@@ -175,17 +192,8 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: Scope) -> SymmetryS
             "build both models from the same config"
         )
     _check_storage(source, target)
-    spec, target_spec = model_spec(source), model_spec(target)
-    for layer, other in zip(spec.attention, target_spec.attention):
-        fields = ("num_heads", "num_kv_heads", "head_dim", "width", "pe")
-        if any(getattr(layer, f) != getattr(other, f) for f in fields):
-            described = {f: (getattr(layer, f), getattr(other, f)) for f in fields}
-            raise AlignmentError(f"{layer.name}: source and target attention differ (source, target): {described}")
-        if layer.rotary is not None and not (
-            torch.equal(layer.rotary.pairs, other.rotary.pairs)
-            and torch.allclose(layer.rotary.angles, other.rotary.angles, atol=1e-6)
-        ):
-            raise AlignmentError(f"{layer.name}: source and target use different rotary positional encodings")
+    spec = model_spec(source)
+    check_same_attention(spec, model_spec(target))
     for role, model in (("source", source), ("target", target)):
         for name, parameter in model.named_parameters():
             if not _all_finite(parameter):
@@ -237,6 +245,104 @@ def _axes_distance(source: dict, target: dict, axes) -> float:
     return sum(float((source[n] - target[n]).detach().double().pow(2).sum()) for n in names) ** 0.5
 
 
+def require_finite(finite: bool, what: str, dtype: torch.dtype) -> None:
+    """Refuse a quantity that overflowed: the weights (stored in ``dtype``) are too large to align."""
+    if not finite:
+        fix = "cast both models to float64 (model.double())" if dtype != torch.float64 else "rescale them"
+        raise AlignmentError(f"{what} overflows: the weights are too large to align in {_dtype_name(dtype)}; {fix}")
+
+
+def attention_stage1(
+    source: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    layer: AttentionSpec,
+    options: AlignOptions,
+    order: list[int] | None = None,
+    input_moment: PairedMoment | None = None,
+    output_moment: PairedMoment | None = None,
+) -> tuple[LayerGrams, LayerGrams, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The Grams, the Stage 1 cost and head assignment of one layer pair, and the seconds each took.
+
+    Args:
+        source, target: Parameters holding (at least) the layer's tensors, by spec name.
+        layer: The layer.
+        options: Metric and Stage 2 settings (the ``weight`` metric runs Stage 2 per candidate pair).
+        order: A head order to impose instead of Stage 1's (:func:`imposed_order`).
+        input_moment: The layer input's paired moments (augmented with 1), for ``objective="data"``
+            and ``metric="activation"``.
+        output_moment: What ``W_O`` reads, paired, for ``metric="activation"``.
+
+    Returns:
+        ``(grams, stage2_grams, cost, match, kv_match, seconds)``: the weight Grams, the Grams
+        Stage 2 fits (the data Grams under ``objective="data"``), ``cost`` ``(h, h)``, ``match``
+        the target head of each source query head ``(h,)``, ``kv_match`` that of each KV head ``(h_kv,)``.
+    """
+    dtype = source[layer.query.parameter].dtype
+    seconds = {}
+    start = time.perf_counter()
+    grams = LayerGrams.compute(source, target, layer)
+    require_finite(grams.all_finite(), f"{layer.name}: the Gram matrices", dtype)
+    data_grams = None
+    if input_moment is not None:
+        data_grams = LayerGrams.compute(source, target, layer, input_moment)
+        require_finite(data_grams.all_finite(), f"{layer.name}: the data Gram matrices", dtype)
+    stage2_grams = data_grams if options.objective == "data" else grams
+    seconds["grams"] = time.perf_counter() - start
+    start = time.perf_counter()
+    cost_grams = data_grams if options.metric == "activation" else stage2_grams
+    cost = head_cost(cost_grams, layer, options, output_moment)
+    require_finite(bool(torch.isfinite(cost).all()), f"{layer.name}: the Stage 1 head cost", dtype)
+    match, kv_match = assign_heads(cost, layer.queries_per_kv) if order is None else imposed_order(order, layer)
+    seconds["stage1"] = time.perf_counter() - start
+    return grams, stage2_grams, cost, match, kv_match, seconds
+
+
+def align_attention_layer(
+    source: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    layer: AttentionSpec,
+    options: AlignOptions,
+    order: list[int] | None = None,
+    naive_distance: float | None = None,
+    input_moment: PairedMoment | None = None,
+    output_moment: PairedMoment | None = None,
+) -> tuple[AttentionTransform, LayerAlignment]:
+    """Both stages on one attention layer pair: the group element up to ``options.method`` and its record.
+
+    Reads only the layer's tensors, so a caller can hand it one layer of each model at a time.
+
+    Args:
+        source, target: Parameters holding (at least) the layer's tensors, by spec name.
+        layer: The layer.
+        options: Method, metric and Stage 2 settings (``options.method`` is not ``"naive"``).
+        order: A head order to impose instead of Stage 1's.
+        naive_distance: The distance before alignment, recorded first (default: from ``source``).
+        input_moment, output_moment: Activation statistics of data-aware options (:func:`attention_stage1`).
+
+    Returns:
+        ``(element, record)``: ``element`` maps the source layer's weights to the aligned ones;
+        ``record.assignment``/``kv_assignment`` describe this element alone.
+    """
+    grams, stage2_grams, cost, match, kv_match, seconds = attention_stage1(
+        source, target, layer, options, order, input_moment, output_moment
+    )
+    start = time.perf_counter()
+    stages = attention_stages(stage2_grams, layer, match, kv_match, options.method, options)
+    seconds["stage2"] = time.perf_counter() - start
+    naive = _layer_distance(source, target, layer) if naive_distance is None else naive_distance
+    distance = {"naive": naive, **stage_distances(grams, layer, match, kv_match, stages)}
+    record = LayerAlignment(
+        name=layer.name,
+        kind="attention",
+        assignment=match.tolist(),
+        kv_assignment=kv_match.tolist(),
+        stage1_cost=cost.tolist(),
+        distance=distance,
+        seconds=seconds,
+    )
+    return stages[options.method], record
+
+
 class _Aligner:
     """State of one alignment: the working copy, the target, the accumulated transform."""
 
@@ -266,12 +372,7 @@ class _Aligner:
         self.report = report
 
     def require_finite(self, finite: bool, what: str) -> None:
-        """Refuse a quantity that overflowed: the weights are too large for the dtype it is computed in."""
-        if not finite:
-            fix = "cast both models to float64 (model.double())" if self.dtype != torch.float64 else "rescale them"
-            raise AlignmentError(
-                f"{what} overflows: the weights are too large to align in {_dtype_name(self.dtype)}; {fix}"
-            )
+        require_finite(finite, what, self.dtype)
 
     def apply(self, transform: ModelTransform) -> None:
         with torch.no_grad():
@@ -330,36 +431,19 @@ class _Aligner:
                 per_head = element.vo.cpu().double().repeat_interleave(element.queries_per_kv, dim=0)
                 self.moments[key] = self.moments[key].moved(index, torch.block_diag(*per_head))
 
-    def stage1(
-        self, index: int
-    ) -> tuple[LayerGrams, LayerGrams, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
-        """``(weight Grams, the Grams Stage 2 reads, cost, match, kv_match, seconds)`` of one layer."""
-        layer = self.spec.blocks[index].attention
-        seconds = {}
-        start = time.perf_counter()
-        grams = LayerGrams.compute(self.parameters, self.target, layer)
-        self.require_finite(grams.all_finite(), f"{layer.name}: the Gram matrices")
-        data_grams = None
-        if f"input:{index}" in self.moments:
-            data_grams = LayerGrams.compute(self.parameters, self.target, layer, self.moments[f"input:{index}"])
-            self.require_finite(data_grams.all_finite(), f"{layer.name}: the data Gram matrices")
-        stage2_grams = data_grams if self.options.objective == "data" else grams
-        seconds["grams"] = time.perf_counter() - start
-        start = time.perf_counter()
-        cost_grams = data_grams if self.options.metric == "activation" else stage2_grams
-        cost = head_cost(cost_grams, layer, self.options, self.moments.get(f"output:{index}"))
-        self.require_finite(bool(torch.isfinite(cost).all()), f"{layer.name}: the Stage 1 head cost")
-        order = (self.options.head_orders or {}).get(index)
-        match, kv_match = assign_heads(cost, layer.queries_per_kv) if order is None else imposed_order(order, layer)
-        seconds["stage1"] = time.perf_counter() - start
-        return grams, stage2_grams, cost, match, kv_match, seconds
+    def layer_moments(self, index: int) -> tuple[PairedMoment | None, PairedMoment | None]:
+        """The captured input and output moments of attention layer ``index`` (``None`` when not captured)."""
+        return self.moments.get(f"input:{index}"), self.moments.get(f"output:{index}")
 
     def permute_heads(self, index: int) -> bool:
         """Stage 1 only; returns whether the head order changed."""
-        grams, _, _, match, kv_match, _ = self.stage1(index)
+        layer = self.spec.blocks[index].attention
+        order = (self.options.head_orders or {}).get(index)
+        grams, _, _, match, kv_match, _ = attention_stage1(
+            self.parameters, self.target, layer, self.options, order, *self.layer_moments(index)
+        )
         if torch.equal(match, torch.arange(len(match))):
             return False
-        layer = self.spec.blocks[index].attention
         stages = attention_stages(grams, layer, match, kv_match, "permutation", self.options)
         self.apply(ModelTransform(attention={index: stages["permutation"]}))
         return True
@@ -367,25 +451,16 @@ class _Aligner:
     def align_attention(self, index: int) -> None:
         """Both stages on one layer, recording distances after each stage."""
         layer = self.spec.blocks[index].attention
-        grams, stage2_grams, cost, match, kv_match, seconds = self.stage1(index)
-        start = time.perf_counter()
-        stages = attention_stages(stage2_grams, layer, match, kv_match, self.options.method, self.options)
-        seconds["stage2"] = time.perf_counter() - start
-        distance = {"naive": _layer_distance(self.original, self.target, layer)}
-        distance.update(stage_distances(grams, layer, match, kv_match, stages))
-        self.apply(ModelTransform(attention={index: stages[self.options.method]}))
-        overall = self.report.transform.attention[index]
-        self.report.layers.append(
-            LayerAlignment(
-                name=layer.name,
-                kind="attention",
-                assignment=torch.argsort(overall.query_permutation).tolist(),
-                kv_assignment=torch.argsort(overall.kv_permutation).tolist(),
-                stage1_cost=cost.tolist(),
-                distance=distance,
-                seconds=seconds,
-            )
+        order = (self.options.head_orders or {}).get(index)
+        naive = _layer_distance(self.original, self.target, layer)
+        element, record = align_attention_layer(
+            self.parameters, self.target, layer, self.options, order, naive, *self.layer_moments(index)
         )
+        self.apply(ModelTransform(attention={index: element}))
+        overall = self.report.transform.attention[index]
+        record.assignment = torch.argsort(overall.query_permutation).tolist()
+        record.kv_assignment = torch.argsort(overall.kv_permutation).tolist()
+        self.report.layers.append(record)
 
     def best_permutation(self, permutation: AxisPermutation, axes) -> torch.Tensor | None:
         """The weight-matching permutation of ``permutation``'s axis read through ``axes``; ``None`` if identity."""

@@ -23,6 +23,7 @@ ALLOWED = {
     "data": {"tasks"},
     "interpolation": {"checkpoints"},
     "connectivity": {"checkpoints", "interpolation", "matching"},
+    "streaming": {"adapters", "checkpoints", "formats", "matching", "symmetry"},
     "training": {"adapters", "checkpoints", "models", "symmetry", "tasks"},
     "summary": {"checkpoints", "connectivity"},
     "robustness": {"checkpoints", "connectivity", "data", "interpolation", "tasks"},
