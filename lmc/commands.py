@@ -70,6 +70,9 @@ def align(
     alphas = _checked_alphas(merge_alpha or [])
     if _external(source, target, timm_model):
         _refuse_data_aware_external(options)
+        if _streamable(source, target, timm_model, scope):
+            _align_streamed(source, target, output, scope, alphas, overwrite, options)
+            return
         _align_external(source, target, output, scope, alphas, overwrite, timm_model, timm_args, options)
         return
     outputs = [output / "aligned.ckpt", output / "report.json", *(output / f"merged_{a:g}.ckpt" for a in alphas)]
@@ -365,6 +368,31 @@ def _refuse_data_aware_external(options: AlignOptions) -> None:
             "training split, which Hugging Face and timm checkpoints do not have here: use the weight settings "
             "(the defaults) for them"
         )
+
+
+def _streamable(source: Path, target: Path, timm_model: str | None, scope: Scope | None) -> bool:
+    """Whether ``lmc align`` streams: two Hugging Face safetensors folders at a scope that streams."""
+    from lmc.formats import detect_format
+    from lmc.formats.huggingface import weight_files
+    from lmc.streaming import STREAMED_SCOPES
+
+    if scope not in STREAMED_SCOPES:
+        return False
+    folders = [path for path in (source, target) if detect_format(path, timm_model) == "huggingface"]
+    return len(folders) == 2 and all(f.suffix == ".safetensors" for path in folders for f in weight_files(path))
+
+
+def _align_streamed(
+    source: Path, target: Path, output: Path, scope: Scope, alphas: list[float], overwrite: bool, options: AlignOptions
+) -> None:
+    """``lmc align`` of two safetensors folders, layer by layer and shard by shard (lmc.streaming)."""
+    from lmc.streaming import align_directories
+
+    report = align_directories(source, target, output, scope, options, alphas, overwrite)
+    print(f"aligned {source} to {target} ({scope}, {options.method}, streamed): wrote {output / 'aligned'}")
+    print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
+    for alpha in alphas:
+        print(f"merged (1 - {alpha:g}) * target + {alpha:g} * aligned source: wrote {output / f'merged_{alpha:g}'}")
 
 
 def _align_external(

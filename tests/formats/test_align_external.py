@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmc.adapters import adapter_for, random_symmetry
+from lmc.adapters import adapter_for, random_symmetry, scope_parameters
 from lmc.checkpoints import save_weights
 from lmc.cli import main
 from lmc.formats import atomic_output_folder
@@ -229,3 +229,23 @@ def test_an_atomic_output_folder_replaces_the_old_one_only_when_complete(tmp_pat
     with pytest.raises(ValueError, match="over the input"):
         with atomic_output_folder(folder / "inside", inputs=[folder]):
             pass
+
+
+def test_safetensors_folders_at_an_attention_scope_are_aligned_streamed(tmp_path, capsys):
+    # Fine-tuned under all_attention: everything else equal, as the streamed path requires.
+    source = model("llama-tiny", {}, seed=0)
+    target, other = model("llama-tiny", {}, seed=0), model("llama-tiny", {}, seed=1)
+    other_parameters = dict(other.named_parameters())
+    with torch.no_grad():
+        for name in scope_parameters(target, "all_attention"):
+            dict(target.named_parameters())[name].copy_(other_parameters[name])
+    source_dir, target_dir = save_hf(source, tmp_path / "s"), save_hf(target, tmp_path / "t")
+    output = tmp_path / "out"
+    main(["align", str(source_dir), str(target_dir), "--output", str(output), "--scope", "all_attention",
+          "--merge-alpha", "[0.5]"])  # fmt: skip
+    assert "streamed" in capsys.readouterr().out
+    aligned, merged = _hf_load(output / "aligned"), _hf_load(output / "merged_0.5")
+    torch.testing.assert_close(_logits(aligned), _logits(source), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+    _check_merged(merged, _hf_load(target_dir), aligned, 0.5)
+    report = json.loads((output / "report.json").read_text())
+    assert report["scope"] == "all_attention" and report["distance"]["aligned"] < report["distance"]["naive"]

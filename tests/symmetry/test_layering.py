@@ -38,7 +38,7 @@ ALLOWED = {
     "study": {"adapters", "checkpoints", "connectivity", "experiment", "matching", "report", "symmetry"},
     "commands": {
         "adapters", "checkpoints", "connectivity", "data", "demo", "formats", "interpolation", "matching", "models",
-        "study", "symmetry", "symmetry_demo", "training",
+        "streaming", "study", "symmetry", "symmetry_demo", "training",
     },
     "cli": {"adapters", "checkpoints", "commands", "data", "experiment", "matching"},
     "__main__": {"cli"},
