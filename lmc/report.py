@@ -48,6 +48,21 @@ def _summaries(study) -> dict[str, dict[str, dict[str, Any]]]:
     return found
 
 
+def _runs(study, summaries, strategies: list[str] | None = None):
+    """``(family, strategy, summary)`` of every finished run, in the study's order."""
+    for family in study.families:
+        for strategy in strategies or study.strategies:
+            if summary := summaries.get(family.name, {}).get(strategy):
+                yield family, strategy, summary
+
+
+def _table1_runs(study, summaries):
+    """``(family, summary)`` of the finished Table 1 runs."""
+    for family, _, summary in _runs(study, summaries, ["first_attention"]):
+        if family.table1 and "head_orders" in summary:
+            yield family, summary
+
+
 def _table1(study, summaries) -> list[str]:
     lines = [
         "## Table 1: Stage 1's head order and the matcher's variants (first attention layer)",
@@ -64,10 +79,7 @@ def _table1(study, summaries) -> list[str]:
     ]
     accuracy = ["", "| family | " + " | ".join(f"{v}, accuracy" for v in VARIANTS.values()) + " |"]
     accuracy.append("|---|" + "---|" * len(VARIANTS))
-    for family in study.families:
-        summary = summaries.get(family.name, {}).get("first_attention")
-        if not family.table1 or not summary or "head_orders" not in summary:
-            continue
+    for family, summary in _table1_runs(study, summaries):
         orders = summary["head_orders"]["alignments"].get("full", {})
         loss, acc = orders.get("loss_barrier", {}), orders.get("accuracy_barrier", {})
         ratios = {label: summary["alignments"].get(label, {}).get("barrier_ratio", {}) for label in VARIANTS}
@@ -100,10 +112,7 @@ def _appendix_k(study, summaries) -> list[str]:
         "| family | metric | rank (loss) | L_hat loss | loss ratio | rank (acc) | L_hat acc |",
         "|---|---|---|---|---|---|---|",
     ]
-    for family in study.families:
-        summary = summaries.get(family.name, {}).get("first_attention")
-        if not family.table1 or not summary or "head_orders" not in summary:
-            continue
+    for family, summary in _table1_runs(study, summaries):
         for label, metric in METRICS.items():
             orders = summary["head_orders"]["alignments"].get(label)
             entry = summary["alignments"].get(label)
@@ -130,11 +139,8 @@ def _strategies(study, summaries) -> list[str]:
         "| naive acc barrier | aligned acc barrier | acc ratio | aligned < naive | paper |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for family in study.families:
-        for strategy in study.strategies:
-            summary = summaries.get(family.name, {}).get(strategy)
-            if not summary or "full" not in summary["alignments"]:
-                continue
+    for family, strategy, summary in _runs(study, summaries):
+        if "full" in summary["alignments"]:
             entry = summary["alignments"]["full"]
             below = sum(
                 pair["aligned"]["loss_barrier"] < pair["naive"]["loss_barrier"] for pair in entry["per_pair"].values()
@@ -161,11 +167,8 @@ def _robustness(study, summaries) -> list[str]:
         "corruptions and severities are lmc's (`lmc/data/corruptions.py`). `aligned > naive` counts the "
         "(pair, corruption, severity) cells where the aligned midpoint is more accurate than the naive one.",
     ]
-    for family in study.families:
-        for strategy in study.strategies:
-            summary = summaries.get(family.name, {}).get(strategy)
-            if not summary or ROBUSTNESS not in summary:
-                continue
+    for family, strategy, summary in _runs(study, summaries):
+        if ROBUSTNESS in summary:
             table = summary[ROBUSTNESS]
             aligned = "aligned_midpoint:full"
             wins = cells = 0

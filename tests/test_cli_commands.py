@@ -12,6 +12,7 @@ from lmc.adapters import adapter_for
 from lmc.cli import main
 from lmc.training import LMCModule
 from lmc.training.module import load_trained
+from tests.cli import fails
 from tests.runs import MODEL, data, finetuned, pretrain_and_first_seed, trainer
 
 DIGITS = "--data=lmc.data.Digits"
@@ -26,16 +27,6 @@ def checkpoints(tmp_path_factory):
     seed1 = root / "seed1.ckpt"
     run.save_checkpoint(seed1)
     return {"root": root, "pretrained": pretrained, "seed0": seed0, "seed1": seed1}
-
-
-def _fails(argv: list[str], capsys) -> str:
-    """Run ``lmc`` expecting a user error: exit status 2 and one line on stderr, which is returned."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and error.startswith("lmc: error: "), error
-    return error
 
 
 def _outputs(model: torch.nn.Module, seed: int = 0) -> torch.Tensor:
@@ -80,7 +71,7 @@ def test_checkpoints_of_different_models_are_refused(checkpoints, tmp_path, caps
     path = tmp_path / "interleaved.ckpt"
     trainer(tmp_path, steps=1).strategy.connect(other)
     torch.save({"state_dict": other.state_dict(), "hyper_parameters": dict(other.hparams)}, path)
-    error = _fails(["align", str(checkpoints["seed0"]), str(path), "--output", str(tmp_path / "out")], capsys)
+    error = fails(["align", str(checkpoints["seed0"]), str(path), "--output", str(tmp_path / "out")], capsys)
     assert "different models" in error and "interleaved" in error
     assert not (tmp_path / "out").exists()
 
@@ -93,19 +84,19 @@ def test_outputs_never_replace_inputs_and_need_overwrite(checkpoints, tmp_path, 
     copy = folder / "aligned.ckpt"
     copy.write_bytes(checkpoints["seed0"].read_bytes())
     before = copy.read_bytes()
-    assert "would replace an input" in _fails(
+    assert "would replace an input" in fails(
         ["align", str(copy), target, f"--output={folder}", "--overwrite=true"], capsys
     )
     assert copy.read_bytes() == before
-    assert "already exist" in _fails(["align", source, target, f"--output={folder}"], capsys)
+    assert "already exist" in fails(["align", source, target, f"--output={folder}"], capsys)
     for alpha in ("[.nan]", "[1.5]", "[-0.1]"):
-        assert "in [0, 1]" in _fails(
+        assert "in [0, 1]" in fails(
             ["align", source, target, f"--output={tmp_path / 'o2'}", f"--merge_alpha={alpha}"], capsys
         )
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    assert "is a file" in _fails(["align", source, target, f"--output={a_file}"], capsys)
-    assert "does not exist" in _fails(
+    assert "is a file" in fails(["align", source, target, f"--output={a_file}"], capsys)
+    assert "does not exist" in fails(
         ["align", str(tmp_path / "nope.ckpt"), target, f"--output={tmp_path / 'o3'}"], capsys
     )
     assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
@@ -124,7 +115,7 @@ def test_interpolate_writes_curves_and_never_mixes_sweeps(checkpoints, tmp_path,
 
     # Another split into the same folder (issue #10, case 1): refused, then done apart with --overwrite.
     test_split = ["interpolate", a, b, DIGITS, f"--output-dir={output}", "--num-alphas", "5", "--split", "test"]
-    assert "another sweep" in _fails(test_split, capsys)
+    assert "another sweep" in fails(test_split, capsys)
     main([*test_split, "--overwrite", "true"])
     tested = json.loads((output / "lmc_results.json").read_text())
     (result,) = tested["references"].values()
@@ -141,29 +132,25 @@ def test_interpolate_writes_curves_and_never_mixes_sweeps(checkpoints, tmp_path,
 def test_interpolate_refuses_data_the_model_was_not_built_for(checkpoints, tmp_path, capsys):
     data_config = Path(__file__).parents[1] / "configs" / "data" / "python_text_kinds.yaml"  # a config file works too
     argv = ["interpolate", str(checkpoints["seed1"]), str(checkpoints["seed0"]), "--data", str(data_config)]
-    error = _fails([*argv, f"--output_dir={tmp_path / 'lmc'}"], capsys)
+    error = fails([*argv, f"--output_dir={tmp_path / 'lmc'}"], capsys)
     assert "does not fit the model" in error
 
 
 def test_bad_values_fail_before_any_work(checkpoints, tmp_path, capsys):
     a, b = str(checkpoints["seed1"]), str(checkpoints["seed0"])
-    assert "at least 2" in _fails(
-        ["interpolate", a, b, DIGITS, f"--output_dir={tmp_path}", "--num_alphas", "1"], capsys
-    )
-    assert "probe_batch_size" in _fails(
-        ["align", a, b, f"--output={tmp_path / 'o'}", "--probe_batch_size", "0"], capsys
-    )
-    assert "--epochs must be at least 1" in _fails(["demo", "--epochs", "0"], capsys)
-    assert "--epochs must be at least 1" in _fails(["demo", "--epochs", "-1"], capsys)
-    assert "--output DIR is required" in _fails(["align", a, b], capsys)
-    assert "--data FILE_OR_CLASS is required" in _fails(["interpolate", a, b, f"--output_dir={tmp_path}"], capsys)
+    assert "at least 2" in fails(["interpolate", a, b, DIGITS, f"--output_dir={tmp_path}", "--num_alphas", "1"], capsys)
+    assert "probe_batch_size" in fails(["align", a, b, f"--output={tmp_path / 'o'}", "--probe_batch_size", "0"], capsys)
+    assert "--epochs must be at least 1" in fails(["demo", "--epochs", "0"], capsys)
+    assert "--epochs must be at least 1" in fails(["demo", "--epochs", "-1"], capsys)
+    assert "--output DIR is required" in fails(["align", a, b], capsys)
+    assert "--data FILE_OR_CLASS is required" in fails(["interpolate", a, b, f"--output_dir={tmp_path}"], capsys)
     assert not list(tmp_path.iterdir())
 
 
 def test_data_aware_align_needs_data_and_records_its_calibration(checkpoints, tmp_path, capsys):
     source, target, output = str(checkpoints["seed0"]), str(checkpoints["seed1"]), tmp_path / "out"
     data_aware = ["--objective", "data", "--metric", "activation", "--calibration-batches", "2"]
-    assert "--data FILE_OR_CLASS" in _fails(["align", source, target, "--output", str(output), *data_aware], capsys)
+    assert "--data FILE_OR_CLASS" in fails(["align", source, target, "--output", str(output), *data_aware], capsys)
     main(["align", source, target, "--output", str(output), *data_aware, DIGITS])
     report = json.loads((output / "report.json").read_text())
     assert report["calibration"]["split"] == "train" and report["calibration"]["num_samples"] == 64
@@ -182,4 +169,4 @@ def test_data_aware_interpolate_keys_its_sweep_by_the_calibration(checkpoints, t
     assert result["settings"]["calibration"]["num_samples"] == 64
     assert result["alignment"]["calibration"]["split"] == "train"
     # Another calibration is another sweep: refused without --overwrite, never resumed from the old points.
-    assert "another sweep" in _fails([*command, "--calibration-batches", "3"], capsys)
+    assert "another sweep" in fails([*command, "--calibration-batches", "3"], capsys)

@@ -12,7 +12,7 @@ from lmc.models import randomize_parameters_
 from lmc.training import LMCModule
 from lmc.training.module import save_trained
 from tests.runs import CONFIG, MODEL, data
-from tests.test_cli_commands import _fails
+from tests.cli import fails
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +77,16 @@ def test_independent_and_narrower_scope_pairs_exit_1(checkpoints, tmp_path, caps
 
 def test_bad_input_exits_2_before_writing(checkpoints, tmp_path, capsys):
     a, b = str(checkpoints["a"]), str(checkpoints["b"])
-    assert "rtol must be None" in _fails(["equivalent", a, b, "--rtol", "-1"], capsys)
-    assert "would replace an input" in _fails(["equivalent", a, b, "--output", b, "--overwrite", "true"], capsys)
+    assert "rtol must be None" in fails(["equivalent", a, b, "--rtol", "-1"], capsys)
+    assert "would replace an input" in fails(["equivalent", a, b, "--output", b, "--overwrite", "true"], capsys)
     existing = tmp_path / "report.json"
     existing.write_text("{}")
-    assert "already exist" in _fails(["equivalent", a, b, "--output", str(existing)], capsys)
+    assert "already exist" in fails(["equivalent", a, b, "--output", str(existing)], capsys)
     assert existing.read_text() == "{}"
-    assert "is a folder" in _fails(["equivalent", a, b, "--output", str(tmp_path)], capsys)
-    assert "does not exist" in _fails(["equivalent", a, str(tmp_path / "nope.ckpt")], capsys)
+    assert "is a folder" in fails(["equivalent", a, b, "--output", str(tmp_path)], capsys)
+    assert "does not exist" in fails(["equivalent", a, str(tmp_path / "nope.ckpt")], capsys)
     assert _exit_status(["equivalent", a, b, "--scope", "everything"]) == 2  # refused by the parser, with the choices
     assert "first_attention" in capsys.readouterr().err
     other = LMCModule(MODEL, {"pe": "rope", "rope_layout": "interleaved"}, data().info)
     other_path = save_trained(other.model.state_dict(), dict(other.hparams), tmp_path / "other.ckpt")
-    assert "different models" in _fails(["equivalent", a, str(other_path)], capsys)
+    assert "different models" in fails(["equivalent", a, str(other_path)], capsys)

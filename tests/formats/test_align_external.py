@@ -14,6 +14,7 @@ from lmc.checkpoints import save_weights
 from lmc.cli import main
 from lmc.formats import atomic_output_folder
 from lmc.matching.alignment import PROBE_RTOL
+from tests.cli import fails
 from tests.formats.checkpoints import (
     FLOAT32_ATOL,
     FLOAT32_RTOL,
@@ -23,16 +24,6 @@ from tests.formats.checkpoints import (
     save_hf,
     save_timm,
 )
-
-
-def _fails(argv: list[str], capsys) -> str:
-    capsys.readouterr()  # what the test itself printed
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and error.startswith("lmc: error: "), error
-    return error
 
 
 def _logits(network: torch.nn.Module, seed: int = 3) -> torch.Tensor:
@@ -173,17 +164,17 @@ def test_unsupported_architectures_and_mismatched_pairs_are_refused(tmp_path, ca
     vit = save_timm(model("vit-tiny", {}, seed=0), tmp_path / "vit")
     out = str(tmp_path / "out")
 
-    error = _fails(["align", str(unsupported), str(unsupported), "--output", out], capsys)
+    error = fails(["align", str(unsupported), str(unsupported), "--output", out], capsys)
     assert "no adapter for transformers:GPT2ForSequenceClassification" in error
-    assert "n_layer is 2" in _fails(["align", str(gpt2), str(deeper), "--output", out], capsys)
-    assert "timm checkpoint" in _fails(["align", str(gpt2), str(vit), "--output", out], capsys)
+    assert "n_layer is 2" in fails(["align", str(gpt2), str(deeper), "--output", out], capsys)
+    assert "timm checkpoint" in fails(["align", str(gpt2), str(vit), "--output", out], capsys)
     lmc_checkpoint = tmp_path / "seed0.ckpt"
     lmc_checkpoint.write_bytes(b"weights")
-    error = _fails(["align", str(lmc_checkpoint), str(gpt2), "--output", out], capsys)
+    error = fails(["align", str(lmc_checkpoint), str(gpt2), "--output", out], capsys)
     assert "is an lmc checkpoint but" in error and "Hugging Face model directory" in error
     not_a_model = tmp_path / "empty"
     not_a_model.mkdir()
-    assert "neither a Hugging Face" in _fails(["align", str(not_a_model), str(gpt2), "--output", out], capsys)
+    assert "neither a Hugging Face" in fails(["align", str(not_a_model), str(gpt2), "--output", out], capsys)
     assert not (tmp_path / "out").exists()
 
 
@@ -191,7 +182,7 @@ def test_outputs_never_go_over_inputs_and_are_never_half_written(tmp_path, capsy
     source = save_hf(model("gpt2-tiny", {}, seed=0), tmp_path / "source", tokenizer=False)
     target = save_hf(model("gpt2-tiny", {}, seed=1), tmp_path / "target", tokenizer=False)
     before = {p.name: p.read_bytes() for p in source.iterdir()}
-    error = _fails(["align", str(source), str(target), "--output", str(source)], capsys)
+    error = fails(["align", str(source), str(target), "--output", str(source)], capsys)
     assert "would replace an input" in error
     assert {p.name: p.read_bytes() for p in source.iterdir()} == before
 
@@ -199,8 +190,8 @@ def test_outputs_never_go_over_inputs_and_are_never_half_written(tmp_path, capsy
     main(["align", str(source), str(target), "--output", str(tmp_path / "out")])
     earlier = tmp_path / "out" / "aligned"
     argv = ["align", str(earlier), str(target), "--output", str(tmp_path / "out"), "--overwrite", "true"]
-    assert "would replace an input" in _fails(argv, capsys)
-    assert "already exist" in _fails(["align", str(source), str(target), "--output", str(tmp_path / "out")], capsys)
+    assert "would replace an input" in fails(argv, capsys)
+    assert "already exist" in fails(["align", str(source), str(target), "--output", str(tmp_path / "out")], capsys)
 
     # A writer failing half-way leaves no output folder and no temporary folder behind.
     from lmc.formats.external import ExternalModel
@@ -210,7 +201,7 @@ def test_outputs_never_go_over_inputs_and_are_never_half_written(tmp_path, capsy
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ExternalModel, "write", broken)
-    assert "No space left" in _fails(["align", str(source), str(target), "--output", str(tmp_path / "o2")], capsys)
+    assert "No space left" in fails(["align", str(source), str(target), "--output", str(tmp_path / "o2")], capsys)
     assert not (tmp_path / "o2" / "aligned").exists() and not list((tmp_path / "o2").glob(".*"))
 
 

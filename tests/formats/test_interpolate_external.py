@@ -14,17 +14,8 @@ from transformers import AutoTokenizer
 
 from lmc.cli import main
 from lmc.formats.external import load_external
+from tests.cli import fails
 from tests.formats.checkpoints import model, save_hf, save_timm, sentences
-
-
-def _fails(argv: list[str], capsys) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and error.startswith("lmc: error: "), error
-    return error
 
 
 def _result(folder: Path) -> dict:
@@ -134,7 +125,7 @@ def test_sequence_classifiers_on_a_table_with_text_and_labels(tmp_path, capsys):
     assert naive[0]["loss"] == pytest.approx(float(expected), rel=1e-5)
     assert naive[0]["accuracy"] == pytest.approx(float((logits.argmax(-1) == torch.tensor(labels)).double().mean()))
 
-    assert "no column 'text'" in _fails(["interpolate", a, b, "--data", str(table), "--output-dir", str(out)], capsys)
+    assert "no column 'text'" in fails(["interpolate", a, b, "--data", str(table), "--output-dir", str(out)], capsys)
 
 
 def test_timm_models_on_an_image_folder(tmp_path):
