@@ -10,7 +10,9 @@ import torch
 from lmc.adapters import adapter_for, model_spec, random_symmetry, scope_parameters
 from lmc.matching import AlignOptions, Calibration, align
 from lmc.matching.learned import EVALUATION_ALPHAS
+from lmc.symmetry import SCOPES
 from tests.architectures import ARCHITECTURES, OUTPUT_RTOL, build
+from tests.matching.test_align import reinitialized
 from tests.matching.test_data_aware import calibration
 
 SCOPE = "all_attention"
@@ -22,17 +24,11 @@ def _loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tenso
     return -adapter.forward(model, adapter.model_inputs(model, batch)).log_softmax(-1).mean()
 
 
-def _pair(key: str) -> tuple[torch.nn.Module, torch.nn.Module, Calibration]:
-    """``(source, target, calibration)``: two independent attention stacks in one float64 model."""
-    target, other = build(key, seed=0), build(key, seed=1)
-    source = copy.deepcopy(target)
-    independent, chosen = dict(other.named_parameters()), set(scope_parameters(target, SCOPE))
-    with torch.no_grad():
-        for name, parameter in source.named_parameters():
-            if name in chosen:
-                parameter.copy_(independent[name])
+def _pair(key: str, scope: str = SCOPE) -> tuple[torch.nn.Module, torch.nn.Module, Calibration]:
+    """``(source, target, calibration)``: independently re-initialized scopes of one float64 model."""
+    target = build(key, seed=0)
     data = calibration(target)
-    return source, target, Calibration(data.batches, _loss, "train", data.num_samples)
+    return reinitialized(target, scope, seed=1), target, Calibration(data.batches, _loss, "train", data.num_samples)
 
 
 def _fixed_objective(target: torch.nn.Module, aligned: torch.nn.Module, data: Calibration) -> float:
@@ -48,12 +44,13 @@ def _fixed_objective(target: torch.nn.Module, aligned: torch.nn.Module, data: Ca
     return sum(values) / len(values)
 
 
+@pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("key", list(ARCHITECTURES))
-def test_learned_keeps_the_function_on_every_family(key):
-    source, target, data = _pair(key)
+def test_learned_keeps_the_function_on_every_family(key, scope):
+    source, target, data = _pair(key, scope)
     before = {name: p.detach().clone() for name, p in target.named_parameters()}
     options = AlignOptions(method="learned", learned_steps=2, calibration_batches=2)
-    aligned, report = align(source, target, SCOPE, options, data)
+    aligned, report = align(source, target, scope, options, data)
     assert report.probe_relative_error < OUTPUT_RTOL.get(key, 1e-12)
     spec = model_spec(source)
     for index, element in report.transform.attention.items():
