@@ -37,7 +37,7 @@ from lmc.interpolation import (
     sweep,
 )
 from lmc.matching import AlignmentReport, AlignOptions, Calibration, align
-from lmc.matching.options import DATA_FIELDS
+from lmc.matching.options import DATA_FIELDS, LEARNED_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,8 @@ def sweep_settings(
     """Every setting that changes a point of a sweep, besides the two models' weights (as JSON values).
 
     Data-aware options add the calibration's identity (split, samples, data) of the batches they
-    read; weight-only options leave out the calibration settings, which do not change them.
+    read; weight-only options leave out the calibration settings, which do not change them, and
+    methods other than ``learned`` its settings.
     """
     chosen = asdict(options)
     settings = {"scope": scope, "options": chosen, "alphas": list(alphas), **evaluation.identity()}
@@ -189,6 +190,9 @@ def sweep_settings(
         settings["calibration"] = calibration.take(options.calibration_batches).identity()
     else:
         for name in DATA_FIELDS:
+            del chosen[name]
+    if options.method != "learned":
+        for name in LEARNED_FIELDS:
             del chosen[name]
     return json.loads(json.dumps(settings, default=str))
 

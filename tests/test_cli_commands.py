@@ -170,3 +170,23 @@ def test_data_aware_interpolate_keys_its_sweep_by_the_calibration(checkpoints, t
     assert result["alignment"]["calibration"]["split"] == "train"
     # Another calibration is another sweep: refused without --overwrite, never resumed from the old points.
     assert "another sweep" in fails([*command, "--calibration-batches", "3"], capsys)
+
+
+def test_learned_align_and_interpolate_never_end_above_full(checkpoints, tmp_path, capsys):
+    source, target, output = str(checkpoints["seed0"]), str(checkpoints["seed1"]), tmp_path / "out"
+    learned = ["--method", "learned", "--learned-steps", "4", "--calibration-batches", "2"]
+    assert "--data FILE_OR_CLASS" in fails(["align", source, target, "--output", str(output), *learned], capsys)
+    main(["align", source, target, "--output", str(output), *learned, DIGITS])
+    report = json.loads((output / "report.json").read_text())
+    # On this tiny trained pair: the calibration loss of the path at alphas 0.25, 0.5, 0.75.
+    assert report["learned"]["objective"]["learned"] <= report["learned"]["objective"]["full"]
+    assert report["learned"]["steps"] == 4 and report["calibration"]["num_samples"] == 64
+    aligned, _ = load_trained(output / "aligned.ckpt")
+    original, _ = load_trained(checkpoints["seed0"])
+    torch.testing.assert_close(_outputs(aligned.model), _outputs(original.model), rtol=1e-4, atol=1e-5)
+    sweep = tmp_path / "lmc"
+    main(["interpolate", target, source, DIGITS, f"--output-dir={sweep}", "--num-alphas", "3", *learned])
+    capsys.readouterr()  # the sweep's progress bar
+    (result,) = json.loads((sweep / "lmc_results.json").read_text())["references"].values()
+    assert result["settings"]["options"]["learned_steps"] == 4
+    assert result["alignment"]["learned"]["objective"] == report["learned"]["objective"]

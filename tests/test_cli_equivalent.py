@@ -11,8 +11,8 @@ from lmc.cli import main
 from lmc.models import randomize_parameters_
 from lmc.training import LMCModule
 from lmc.training.module import save_trained
-from tests.runs import CONFIG, MODEL, data
 from tests.cli import fails
+from tests.runs import CONFIG, MODEL, data
 
 
 @pytest.fixture(scope="module")

@@ -282,3 +282,22 @@ def test_run_with_a_data_aware_alignment_records_its_calibration(tmp_path):
         "references"
     ].values()
     assert "calibration" not in plain["settings"] and "objective" not in plain["settings"]["options"]
+
+
+def test_run_with_a_learned_alignment_starts_from_full_and_never_ends_above_it(tmp_path):
+    alignments = [{"method": "full"}, {"method": "learned", "learned_steps": 4, "calibration_batches": 2}]
+    main(["run", "--config", _config(tmp_path, seeds=2, alignments=alignments)])
+    pair = tmp_path / "run" / "pairs" / "0_1"
+    (result,) = json.loads((pair / "learned-calibration_batches=2-learned_steps=4" / "lmc_results.json").read_text())[
+        "references"
+    ].values()
+    assert result["settings"]["calibration"]["data"]["part"] == "B"
+    learned = result["alignment"]["learned"]
+    assert learned["steps"] == 4 and learned["objective"]["learned"] <= learned["objective"]["full"]
+    (full,) = json.loads((pair / "full" / "lmc_results.json").read_text())["references"].values()
+    assert "learned_steps" not in full["settings"]["options"] and full["alignment"]["learned"] is None
+    # Both share the naive curve; the learned path's end points are full's (the same functions).
+    assert result["curves"]["naive"] == full["curves"]["naive"]
+    for end in (0, -1):
+        learned_end, full_end = result["curves"]["aligned"]["points"][end], full["curves"]["aligned"]["points"][end]
+        assert learned_end["loss"] == pytest.approx(full_end["loss"], rel=1e-5)

@@ -7,6 +7,8 @@ barrier ratio on the validation split and the alignment time. Data-aware methods
 the first ``calibration_batches`` batches (of 32) of a seeded shuffle of the training half B.
 
 Usage: python -m benchmarks.matcher_quality.data_aware --runs /tmp/demo_final2 --pes APE RoPE --seeds 3
+       python -m benchmarks.matcher_quality.data_aware --runs runs/repro --pes vit_ape/first_attention \
+           --methods full learned --output benchmarks/matcher_quality/results/learned_alignment.json
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ METHODS = {
     "full+objective=data": AlignOptions(objective="data"),
     "metric=activation": AlignOptions(metric="activation"),
     "metric=activation+objective=data": AlignOptions(metric="activation", objective="data"),
+    "learned": AlignOptions(method="learned"),
+    "learned+steps=120": AlignOptions(method="learned", learned_steps=120),
 }
 
 
@@ -39,6 +43,7 @@ def main() -> None:
     parser.add_argument("--runs", required=True, help="folders <runs>/<pe>/seed<k>/final.ckpt")
     parser.add_argument("--pes", nargs="+", default=["APE", "RoPE"])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--output", default="benchmarks/matcher_quality/results/data_aware.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -53,7 +58,7 @@ def main() -> None:
             loader = DataLoader(data.split("val"), batch_size=256)
             evaluation = Evaluation(module.metric_sums, loader, "val", data_identity(data), architecture)
             naive = {}
-            for label, options in METHODS.items():
+            for label, options in ((label, METHODS[label]) for label in args.methods):
                 calibration = None
                 if options.data_aware:
                     calibration = training_calibration(data, module.model_loss, options.calibration_batches)
@@ -76,11 +81,12 @@ def main() -> None:
                     "calibration_seconds": alignment["calibration_seconds"],
                     "calibration": alignment["calibration"]
                     and {k: alignment["calibration"][k] for k in ("split", "num_samples", "batches")},
+                    "learned": alignment["learned"],
                 }
                 print(pe, f"{i}-{j}", label, rows[f"{pe}/{i}-{j}/{label}"], flush=True)
             rows[f"{pe}/{i}-{j}/naive_loss_barrier"] = naive["loss_barrier"]
     for pe in args.pes:
-        for label in METHODS:
+        for label in args.methods:
             found = [v for k, v in rows.items() if k.startswith(f"{pe}/") and k.endswith(f"/{label}")]
             ratios = [r["loss_ratio"] for r in found]
             seconds = [r["seconds"] for r in found]

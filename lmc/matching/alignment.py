@@ -26,6 +26,7 @@ from lmc.adapters import adapter_for, model_spec, scope_parameters
 from lmc.matching.calibration import Calibration, PairedMoment, paired_moments
 from lmc.matching.grams import LayerGrams
 from lmc.matching.heads import assign_heads, head_cost
+from lmc.matching.learned import LearnedAlignment, learn_attention
 from lmc.matching.options import AlignOptions
 from lmc.matching.permutation import axis_correlation, best_permutation
 from lmc.matching.stage2 import attention_stages, stage_distances
@@ -102,6 +103,9 @@ class AlignmentReport:
         calibration: What data-aware settings read (split, samples, batches, data identity);
             ``None`` for weight-only settings.
         calibration_seconds: Wall time of the calibration pass (part of ``seconds``).
+        learned: What ``method="learned"`` did (:meth:`~lmc.matching.learned.LearnedAlignment.to_dict`:
+            the fixed objective at ``full``'s element and at the returned one, its history, steps
+            and seconds); ``None`` for the other methods.
     """
 
     scope: Scope
@@ -116,6 +120,7 @@ class AlignmentReport:
     seconds: float = 0.0
     calibration: dict[str, Any] | None = None
     calibration_seconds: float = 0.0
+    learned: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (the transform's matrices are left out)."""
@@ -130,6 +135,7 @@ class AlignmentReport:
             "seconds": self.seconds,
             "calibration": self.calibration,
             "calibration_seconds": self.calibration_seconds,
+            "learned": self.learned,
             "layers": [vars(layer) for layer in self.layers],
         }
 
@@ -307,7 +313,7 @@ def align_attention_layer(
     input_moment: PairedMoment | None = None,
     output_moment: PairedMoment | None = None,
 ) -> tuple[AttentionTransform, LayerAlignment]:
-    """Both stages on one attention layer pair: the group element up to ``options.method`` and its record.
+    """Both stages on one attention layer pair: the group element up to ``options.last_stage`` and its record.
 
     Reads only the layer's tensors, so a caller can hand it one layer of each model at a time.
 
@@ -327,7 +333,7 @@ def align_attention_layer(
         source, target, layer, options, order, input_moment, output_moment
     )
     start = time.perf_counter()
-    stages = attention_stages(stage2_grams, layer, match, kv_match, options.method, options)
+    stages = attention_stages(stage2_grams, layer, match, kv_match, options.last_stage, options)
     seconds["stage2"] = time.perf_counter() - start
     naive = _layer_distance(source, target, layer) if naive_distance is None else naive_distance
     distance = {"naive": naive, **stage_distances(grams, layer, match, kv_match, stages)}
@@ -340,7 +346,7 @@ def align_attention_layer(
         distance=distance,
         seconds=seconds,
     )
-    return stages[options.method], record
+    return stages[options.last_stage], record
 
 
 class _Aligner:
@@ -461,6 +467,23 @@ class _Aligner:
         record.assignment = torch.argsort(overall.query_permutation).tolist()
         record.kv_assignment = torch.argsort(overall.kv_permutation).tolist()
         self.report.layers.append(record)
+
+    def learn(self, attention: list[int]) -> None:
+        """``method="learned"``: descend the interpolation loss over the attention elements, from ``full``'s."""
+        slots = {slot.parameter for index in attention for slot in self.spec.blocks[index].attention.slots}
+        scoped = scope_parameters(self.working, self.report.scope, self.spec)
+        moving = [name for name in scoped if name not in slots]
+        learned: LearnedAlignment = learn_attention(
+            self.working, self.target_model, self.spec, attention, moving, self.calibration, self.options
+        )
+        if learned.transforms:
+            self.apply(ModelTransform(attention=learned.transforms))
+        self.report.learned = learned.to_dict()
+        layers = {layer.name: layer for layer in self.report.layers if layer.kind == "attention"}
+        for index in attention:
+            layer = self.spec.blocks[index].attention
+            layers[layer.name].distance["learned"] = _layer_distance(self.parameters, self.target, layer)
+            layers[layer.name].seconds["learned"] = learned.seconds  # one descent over every layer
 
     def best_permutation(self, permutation: AxisPermutation, axes) -> torch.Tensor | None:
         """The weight-matching permutation of ``permutation``'s axis read through ``axes``; ``None`` if identity."""
@@ -584,7 +607,7 @@ def align(
         )
     if options.data_aware:
         if calibration is None:
-            chosen = {k: getattr(options, k) for k in ("objective", "metric", "unit_matching")}
+            chosen = {k: getattr(options, k) for k in ("method", "objective", "metric", "unit_matching")}
             raise ValueError(
                 f"the alignment options {chosen} read activations, so align needs calibration batches: pass "
                 "calibration=lmc.matching.Calibration(...) (lmc.connectivity.training_calibration builds one from a "
@@ -615,6 +638,8 @@ def align(
             _coordinate_descent(aligner, spec, attention, feed_forward)
         for index in attention:
             aligner.align_attention(index)
+        if options.method == "learned" and attention:
+            aligner.learn(attention)
 
     scoped = [(name, 0) for name in scope_parameters(source, scope, spec)]
     report.distance = {

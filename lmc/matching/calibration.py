@@ -91,6 +91,14 @@ class PairedMoment:
         return PairedMoment(source, cross, self.target, self.tokens)
 
 
+def batch_to_model(batch: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``batch`` on the model's device, its floating tensors in the model's dtype (labels and tokens keep theirs)."""
+    return {
+        k: v.to(device, dtype if v.is_floating_point() else None) if isinstance(v, torch.Tensor) else v
+        for k, v in batch.items()
+    }
+
+
 def _token_rows(value: torch.Tensor, mask: torch.Tensor | None, where: str) -> torch.Tensor:
     """``(tokens, n)`` rows of an activation ``(B, T, n)`` or ``(B, n)``, padding tokens dropped."""
     rows = value.reshape(-1, value.shape[-1])
@@ -158,10 +166,7 @@ def paired_moments(
     try:
         with torch.no_grad():
             for batch in calibration.batches:
-                batch = {
-                    k: v.to(device, dtype if v.is_floating_point() else None) if isinstance(v, torch.Tensor) else v
-                    for k, v in batch.items()
-                }
+                batch = batch_to_model(batch, device, dtype)
                 captured.clear()
                 calibration.forward(source, batch)
                 calibration.forward(target, batch)

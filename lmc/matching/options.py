@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Method = Literal["naive", "permutation", "orthogonal", "full"]
+Method = Literal["naive", "permutation", "orthogonal", "full", "learned"]
 Metric = Literal["invariant", "weight", "correlation", "activation"]
 Objective = Literal["weight", "data"]
 UnitMatching = Literal["weight", "activation"]
@@ -21,6 +21,8 @@ OBJECTIVES: tuple[str, ...] = get_args(Objective)
 UNIT_MATCHINGS: tuple[str, ...] = get_args(UnitMatching)
 #: The fields that matter only to a data-aware alignment (see :attr:`AlignOptions.data_aware`).
 DATA_FIELDS: tuple[str, ...] = ("objective", "unit_matching", "calibration_batches")
+#: The fields that matter only to ``method="learned"``.
+LEARNED_FIELDS: tuple[str, ...] = ("learned_steps", "learned_lr")
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,10 @@ class AlignOptions:
     method: Method = "full"
     """Stages to run: ``naive`` (no change), ``permutation`` (Stage 1: head, FFN and residual
     permutations), ``orthogonal`` (plus the best orthogonal group element per head) or ``full``
-    (plus L-BFGS on the exact objective)."""
+    (plus L-BFGS on the exact objective) or ``learned`` (from ``full``'s element, Adam on the attention
+    layers' group coordinates against the calibration loss of the interpolated models at random
+    alphas; keeps the element with the lowest loss at alphas 0.25, 0.5, 0.75 over the calibration,
+    ``full``'s if none is lower; needs a calibration)."""
 
     metric: Metric = "invariant"
     """Stage 1 head cost: ``invariant`` (distances of the group-invariant products ``Q K^T`` and
@@ -76,6 +81,13 @@ class AlignOptions:
     probe input; ``None`` uses the stored dtype's default (see ``PROBE_RTOL`` in
     :mod:`lmc.matching.alignment`). 0 demands bitwise-equal outputs."""
 
+    learned_steps: int = 40
+    """Adam steps of ``method="learned"`` (one calibration batch and two random alphas each)."""
+
+    learned_lr: float = 1e-2
+    """Adam step size of ``method="learned"``, in group coordinates (``full``'s element is the origin, so
+    each entry of ``C`` and ``B`` moves by about this much per step)."""
+
     probe_batch_size: int = 2
     """Random inputs in the probe that checks the aligned model computes the source's function."""
 
@@ -95,7 +107,17 @@ class AlignOptions:
     @property
     def data_aware(self) -> bool:
         """Whether these settings read activations, so that :func:`~lmc.matching.align` needs a calibration."""
-        return self.objective == "data" or self.metric == "activation" or self.unit_matching == "activation"
+        return (
+            self.method == "learned"
+            or self.objective == "data"
+            or self.metric == "activation"
+            or self.unit_matching == "activation"
+        )
+
+    @property
+    def last_stage(self) -> Method:
+        """The last matching stage the method runs (``learned`` starts from ``full``'s element)."""
+        return "full" if self.method == "learned" else self.method
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -106,12 +128,20 @@ class AlignOptions:
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")
-        for name, least in (("steps", 0), ("max_iterations", 0), ("probe_batch_size", 1), ("calibration_batches", 1)):
+        for name, least in (
+            ("steps", 0),
+            ("max_iterations", 0),
+            ("probe_batch_size", 1),
+            ("calibration_batches", 1),
+            ("learned_steps", 0),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-        if not (isinstance(self.lr, int | float) and self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
+        for name in ("lr", "learned_lr"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         if not (isinstance(self.tolerance, int | float) and 0 <= self.tolerance < math.inf):
             raise ValueError(f"tolerance must be a finite number >= 0, got {self.tolerance!r}")
         for layer, order in (self.head_orders or {}).items():

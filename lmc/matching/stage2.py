@@ -153,9 +153,9 @@ def refine(
 
 
 def solve_stage2(problem: Stage2Problem, group: TiedGroup, options: AlignOptions) -> torch.Tensor:
-    """Orthogonal start, then the gradient refinement if ``options.method == "full"``; ``(n, d_h, d_h)`` float64."""
+    """Orthogonal start, then the gradient refinement if the method runs ``full``; ``(n, d_h, d_h)`` float64."""
     start = orthogonal_start(problem, group)
-    return refine([problem], [group], [start], options)[0] if options.method == "full" else start
+    return refine([problem], [group], [start], options)[0] if options.last_stage == "full" else start
 
 
 def stage2_problems(

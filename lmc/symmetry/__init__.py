@@ -29,7 +29,7 @@ from lmc.symmetry.transforms import (
     transform_attention,
     vo_group,
 )
-from lmc.symmetry.weights import AttentionWeights, head_rows, read_attention, write_attention
+from lmc.symmetry.weights import AttentionWeights, attention_parameters, head_rows, read_attention, write_attention
 
 __all__ = [
     "SCOPES",
@@ -43,6 +43,7 @@ __all__ = [
     "Scope",
     "SymmetrySpec",
     "TiedGroup",
+    "attention_parameters",
     "check_scope",
     "compute_dtype",
     "general_linear",

@@ -98,6 +98,27 @@ def read_attention(parameters: Mapping[str, torch.Tensor], spec: AttentionSpec) 
 @torch.no_grad()
 def write_attention(parameters: Mapping[str, torch.Tensor], spec: AttentionSpec, weights: AttentionWeights) -> None:
     """Write per-head weights back into the stored parameters, in place."""
+    _write(parameters, spec, weights)
+
+
+def attention_parameters(
+    parameters: Mapping[str, torch.Tensor], spec: AttentionSpec, weights: AttentionWeights
+) -> dict[str, torch.Tensor]:
+    """New stored tensors of the layer's parameters holding ``weights``, differentiable in ``weights``.
+
+    The parameters are copied (never changed); entries outside the layer's head slots keep their
+    values. Used where a loss of the written model must be differentiated in the per-head weights.
+
+    Returns:
+        Parameter name -> its new tensor, for every parameter the layer's slots live in.
+    """
+    names = {getattr(spec, slot).parameter for _, slot, _ in _LAYOUT if getattr(spec, slot) is not None}
+    copies = {name: parameters[name].detach().clone() for name in names}
+    _write(copies, spec, weights)
+    return copies
+
+
+def _write(parameters: Mapping[str, torch.Tensor], spec: AttentionSpec, weights: AttentionWeights) -> None:
     for field_name, slot_name, transpose in _LAYOUT:
         slot: HeadSlot | None = getattr(spec, slot_name)
         value: torch.Tensor | None = getattr(weights, field_name)

@@ -20,7 +20,7 @@ from lmc.checkpoints import CheckpointError, WriteError, load_weights
 from lmc.connectivity import Evaluation, SweepHooks, data_identity, measure_connectivity
 from lmc.interpolation import barriers, evaluate, evenly_spaced, fingerprint, point_metrics
 from lmc.matching import AlignOptions
-from lmc.matching.options import DATA_FIELDS
+from lmc.matching.options import DATA_FIELDS, LEARNED_FIELDS
 from tests.runs import CONFIG, MODEL, data, finetuned, pretrain_and_first_seed, trainer
 
 
@@ -114,7 +114,8 @@ def test_results_say_which_run_and_checkpoints_they_belong_to(runs):
     assert run["model"]["fingerprint"] == fingerprint(module.model.parameters())
     assert run["model"]["checkpoint"] is None  # the fixture's trainer keeps no checkpoint
     assert list(run["references"]) == [str(runs["seed0"])]
-    weight_only = {k: v for k, v in vars(AlignOptions()).items() if k not in DATA_FIELDS}  # no calibration read
+    # No calibration read, no learned descent: their settings are not part of the sweep.
+    weight_only = {k: v for k, v in vars(AlignOptions()).items() if k not in DATA_FIELDS + LEARNED_FIELDS}
     assert run["settings"]["split"] == "val" and run["settings"]["options"] == weight_only
     assert run["settings"]["data"] == data_identity(data()) and run["settings"]["alphas"] == evenly_spaced(25)
     reference = load_weights(module.build_model(), runs["seed0"])
@@ -225,6 +226,16 @@ def test_a_metric_added_to_metric_sums_reaches_the_points_and_the_csv(runs, coun
         assert set(point) == {"alpha", "loss", "accuracy", "confidence"} and 0 < point["confidence"] <= 1
     header = (tmp_path / "lmc_results.csv").read_text().splitlines()[0]
     assert header == "reference,curve,alpha,loss,accuracy,confidence"
+
+
+def test_a_learned_alignment_calibrates_on_the_training_split(runs, counted, tmp_path):
+    options = AlignOptions(method="learned", learned_steps=2, calibration_batches=2)
+    callback = AlignAndInterpolate([str(runs["seed0"])], options=options, num_alphas=3, output_dir=str(tmp_path))
+    (result,) = callback.run(runs["trainer"], runs["module"])["references"].values()
+    assert result["settings"]["calibration"]["split"] == "train"
+    assert result["settings"]["options"]["learned_steps"] == 2
+    learned = result["alignment"]["learned"]
+    assert learned["steps"] == 2 and learned["objective"]["learned"] <= learned["objective"]["full"]
 
 
 def test_bad_references_and_outputs_fail_before_any_training_step(runs, tmp_path):

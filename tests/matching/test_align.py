@@ -69,7 +69,7 @@ def test_independent_pairs_keep_the_function_and_get_closer_stage_by_stage(key, 
     names = scope_parameters(source, scope)
     reference = outputs(source)
     distances = {}
-    for method in METHODS:
+    for method in (m for m in METHODS if m != "learned"):  # learned needs a calibration: test_learned.py
         aligned, report = align(source, target, scope=scope, options=AlignOptions(method=method))
         assert relative_difference(reference, outputs(aligned)) < OUTPUT_RTOL.get(key, DEFAULT_OUTPUT_RTOL) * 100
         distances[method] = scoped_distance(aligned, target, names)
