@@ -582,8 +582,8 @@ def align(
             Outside ``full_model`` every parameter outside the scope must be identical in both.
         options: Method, head metric, Stage 2 and check settings (:class:`AlignOptions`);
             ``None`` takes the defaults.
-        calibration: Training batches the data-aware settings (``objective="data"``,
-            ``metric="activation"``, ``unit_matching="activation"``) read activations from; its
+        calibration: Training batches the data-aware settings (``method="learned"``, ``objective="data"``,
+            ``metric="activation"``) read activations from; its
             first ``options.calibration_batches`` are used. Ignored by weight-only settings. The
             group element is still applied to the weights, so the function stays exact.
 
@@ -600,14 +600,9 @@ def align(
     options = AlignOptions() if options is None else options
     if not isinstance(options, AlignOptions):
         raise TypeError(f"options must be an lmc.matching.AlignOptions, got {type(options).__name__}")
-    if options.unit_matching == "activation":
-        raise NotImplementedError(
-            "unit_matching='activation' (activation matching of FFN units and the residual stream, issue #8 item 4) "
-            "is not implemented yet; use unit_matching='weight'"
-        )
     if options.data_aware:
         if calibration is None:
-            chosen = {k: getattr(options, k) for k in ("method", "objective", "metric", "unit_matching")}
+            chosen = {k: getattr(options, k) for k in ("method", "objective", "metric")}
             raise ValueError(
                 f"the alignment options {chosen} read activations, so align needs calibration batches: pass "
                 "calibration=lmc.matching.Calibration(...) (lmc.connectivity.training_calibration builds one from a "

@@ -14,13 +14,11 @@ from typing import Literal, get_args
 Method = Literal["naive", "permutation", "orthogonal", "full", "learned"]
 Metric = Literal["invariant", "weight", "correlation", "activation"]
 Objective = Literal["weight", "data"]
-UnitMatching = Literal["weight", "activation"]
 METHODS: tuple[str, ...] = get_args(Method)
 METRICS: tuple[str, ...] = get_args(Metric)
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
-UNIT_MATCHINGS: tuple[str, ...] = get_args(UnitMatching)
 #: The fields that matter only to a data-aware alignment (see :attr:`AlignOptions.data_aware`).
-DATA_FIELDS: tuple[str, ...] = ("objective", "unit_matching", "calibration_batches")
+DATA_FIELDS: tuple[str, ...] = ("objective", "calibration_batches")
 #: The fields that matter only to ``method="learned"``.
 LEARNED_FIELDS: tuple[str, ...] = ("learned_steps", "learned_lr")
 
@@ -52,11 +50,6 @@ class AlignOptions:
     the target's input to the layer, biases included; the same for ``W_K C^{-T}`` and ``W_V B``,
     i.e. ``W^T Sigma W'`` with the inputs' second moments in place of ``W^T W'``; ``W_O`` reads the
     attention's output, not ``x``, and stays on weights). Needs a calibration."""
-
-    unit_matching: UnitMatching = "weight"
-    """How FFN hidden units and the residual stream are permuted: ``weight`` (weight matching) or
-    ``activation`` (Git Re-Basin's activation matching: the permutation maximizing the correlation
-    of the two models' activations on the calibration batches). Needs a calibration."""
 
     calibration_batches: int = 8
     """Calibration batches (from the training split) that data-aware settings read."""
@@ -107,12 +100,7 @@ class AlignOptions:
     @property
     def data_aware(self) -> bool:
         """Whether these settings read activations, so that :func:`~lmc.matching.align` needs a calibration."""
-        return (
-            self.method == "learned"
-            or self.objective == "data"
-            or self.metric == "activation"
-            or self.unit_matching == "activation"
-        )
+        return self.method == "learned" or self.objective == "data" or self.metric == "activation"
 
     @property
     def last_stage(self) -> Method:
@@ -124,7 +112,6 @@ class AlignOptions:
             ("method", METHODS),
             ("metric", METRICS),
             ("objective", OBJECTIVES),
-            ("unit_matching", UNIT_MATCHINGS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")

@@ -71,17 +71,9 @@ def test_missing_or_short_calibration_is_refused_with_the_fix():
         )
 
 
-def test_activation_unit_matching_is_refused_until_it_exists():
-    model = build("ref-vit-learned")
-    with pytest.raises(NotImplementedError, match="unit_matching='activation'"):
-        align(model, model, "first_block", AlignOptions(unit_matching="activation"), calibration(model))
-
-
 def test_options_refuse_unknown_data_settings():
     with pytest.raises(ValueError, match="unknown objective 'activations'"):
         AlignOptions(objective="activations")
-    with pytest.raises(ValueError, match="unknown unit_matching"):
-        AlignOptions(unit_matching="data")
     with pytest.raises(ValueError, match="calibration_batches must be an integer >= 1"):
         AlignOptions(calibration_batches=0)
     assert not AlignOptions().data_aware and AlignOptions(metric="activation").data_aware
