@@ -18,8 +18,13 @@ CONFIGS = Path(__file__).parents[1] / "configs"
 GROUP_FILES = ("model", "data", "trainer")
 #: Fragments of whole configs (``--config FILE``).
 FRAGMENTS = ("callbacks", "reinit", "protocol", "experiment", "debug")
+#: ``lmc repro``'s studies (``study:`` files) and the experiments and overlays they run.
+STUDY = "study"
 ALL = sorted(CONFIGS.rglob("*.yaml"))
 EXPERIMENTS = sorted((CONFIGS / "experiment").glob("*.yaml"))
+STUDY_FILES = sorted(p for p in (CONFIGS / STUDY).glob("*.yaml") if "study" in yaml.safe_load(p.read_text()))
+#: Experiments that compose the group files: the experiment folder's and the study's.
+COMPOSED = EXPERIMENTS + sorted(p for p in (CONFIGS / STUDY).glob("*.yaml") if "model" in yaml.safe_load(p.read_text()))
 FAST = str(CONFIGS / "debug" / "fast.yaml")
 BASE = str(CONFIGS / "experiment" / "digits_vit_ape.yaml")
 # Stand-ins with the same task for data sets that are not on this machine.
@@ -31,8 +36,8 @@ TINY_DATA = {
 
 
 def test_configs_mirror_the_groups():
-    assert {p.parent.name for p in ALL} == set(GROUP_FILES + FRAGMENTS)
-    for group in GROUP_FILES + FRAGMENTS:
+    assert {p.parent.name for p in ALL} == set(GROUP_FILES + FRAGMENTS + (STUDY,))
+    for group in GROUP_FILES + FRAGMENTS + (STUDY,):
         assert list((CONFIGS / group).glob("*.yaml")), f"configs/{group} is empty"
 
 
@@ -56,7 +61,7 @@ def _flat(content: dict, prefix: str = "") -> dict:
     return flat
 
 
-@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", COMPOSED, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_experiments_compose_the_group_files_and_hold_only_their_differences(path):
     content = _experiment(path)
     for group in GROUP_FILES:
@@ -102,7 +107,7 @@ def _base_for(path: Path) -> str:
     return BASE
 
 
-@pytest.mark.parametrize("path", ALL, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", [p for p in ALL if p not in STUDY_FILES], ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_yaml_loads_and_composes_with_an_experiment(path, tmp_path, monkeypatch, base_checkpoint):
     content = yaml.safe_load(path.read_text())
     monkeypatch.chdir(tmp_path)
@@ -148,3 +153,13 @@ def test_a_bad_config_value_is_reported(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         lightning_cli(["--config", BASE, "--data.init_args.part=C"], run=False)
     assert "part" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", STUDY_FILES, ids=lambda p: p.name)
+def test_every_study_loads(path, monkeypatch):
+    from lmc.study import load_study
+
+    monkeypatch.chdir(CONFIGS.parent)  # a study names its files relative to the repository
+    base = [] if path.name == "repro.yaml" else [CONFIGS / STUDY / "repro.yaml"]  # overlays complete the study
+    study = load_study([*base, path])
+    assert study.families and all(Path(family.experiment).is_file() for family in study.families)
