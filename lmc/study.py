@@ -88,6 +88,8 @@ class Study:
             check_scope(strategy)
         if min(self.seeds, self.table1_seeds) < 2:
             raise ValueError("seeds and table1_seeds must be at least 2 (a pair of fine-tuned runs)")
+        if Path(self.report).suffix != ".md":
+            raise ValueError(f"study.report {self.report} must be a Markdown file (.md): it is rewritten on every run")
         for path in [*(f.experiment for f in self.families), *self.overlays, *([self.table1] if self.table1 else [])]:
             if not Path(path).is_file():
                 raise FileNotFoundError(
@@ -111,13 +113,16 @@ class Study:
 
 def load_study(paths: list[str | Path]) -> Study:
     """A study from YAML files, later ones overriding earlier ones (e.g. ``configs/study/quick.yaml``)."""
-    from jsonargparse import ArgumentParser
+    from jsonargparse import ArgumentError, ArgumentParser
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--config", action="config")
     parser.add_class_arguments(Study, "study")
     args = [part for path in paths for part in ("--config", str(path))]
-    config = parser.parse_args(args)
+    try:
+        config = parser.parse_args(args)
+    except ArgumentError as error:  # one line naming the key or file, as every lmc error
+        raise ValueError(f"study {', '.join(map(str, paths))}: {' '.join(str(error).split())}") from None
     return parser.instantiate_classes(config).study
 
 

@@ -53,6 +53,7 @@ def test_run_arguments_share_the_pretrained_model_and_train_full_model_from_scra
         ({"seeds": 1}, "at least 2"),
         ({"families": []}, "at least one family"),
         ({"overlays": ["configs/study/missing.yaml"]}, "configs/study/missing.yaml does not exist"),
+        ({"report": "configs/study/repro.yaml"}, "must be a Markdown file"),
     ],
 )
 def test_bad_studies_are_refused_by_name(change, message):
@@ -94,3 +95,14 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
     main(args)  # resumes: nothing is trained again, and the same runs give the same report
     assert [path.stat().st_mtime_ns for path in checkpoints] == stamps
     assert (tmp_path / "r.md").read_text() == report
+
+
+def test_a_study_file_that_does_not_parse_is_one_line_naming_it(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("study:\n  strategies: [first_layer]\n")
+    for study, message in ((f'["{STUDY}", "{bad}"]', "first_layer"), ('["configs/study/nope.yaml"]', "nope.yaml")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["repro", "--study", study])
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err.strip()
+        assert len(error.splitlines()) == 1 and error.startswith("lmc: error: study ") and message in error, error
