@@ -398,8 +398,18 @@ class Experiment:
                 calibrations[count] = training_calibration(datamodule, module.model_loss, count)
             return calibrations[count]
 
+        # Each alignment is computed once: a head order's screening and whole sweeps and the
+        # robustness table use the same aligned model.
+        aligned: dict[str, tuple[Any, Any]] = {}
+
+        def alignment_for(options: AlignOptions):
+            key = repr(options)
+            if key not in aligned:
+                aligned[key] = align(reference, module.model, self.protocol.reinit, options, calibration_for(options))
+            return aligned[key]
+
         def sweep(
-            options: AlignOptions, folder: Path, at: list[float] = alphas, alignment=None, figures: bool = True
+            options: AlignOptions, folder: Path, at: list[float] = alphas, figures: bool = True
         ) -> dict[str, Any]:
             # Every curve of the pair at the same alphas shares one naive curve.
             naive = pair / ("naive_sweep_state.json" if at == alphas else f"naive_sweep_state_{len(at)}.json")
@@ -413,21 +423,14 @@ class Experiment:
                 evaluation,
                 hooks,
                 calibration_for(options),
-                alignment,
+                alignment_for(options),
             )
             record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
             write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}}, figures)
             return result
 
         labels, alignments = alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options
-        # Aligned once: the sweeps and the robustness table use the same aligned models.
-        aligned = {
-            label: align(reference, module.model, self.protocol.reinit, options, calibration_for(options))
-            for label, options in zip(labels, alignments)
-        }
-        results = {
-            label: sweep(options, pair / label, alignment=aligned[label]) for label, options in zip(labels, alignments)
-        }
+        results = {label: sweep(options, pair / label) for label, options in zip(labels, alignments)}
         if self.protocol.head_orders:
             orders = head_orders(model_spec(module.model).attention[0])
             results[HEAD_ORDERS] = self._sweep_head_orders(orders, results, alphas, pair / "orders", sweep)
@@ -435,7 +438,7 @@ class Experiment:
             results[ROBUSTNESS] = midpoint_robustness(
                 module.model,
                 reference,
-                {label: model for label, (model, _) in aligned.items()},
+                {label: alignment_for(options)[0] for label, options in zip(labels, alignments)},
                 evaluation,
                 datamodule.info,
                 pair / "robustness.json",
