@@ -55,7 +55,7 @@ def align(
         timm_model: The timm model name of state-dict files (timm.list_models()).
         timm_args: timm.create_model arguments of state-dict files, e.g. '{num_classes: 10}'.
         data: The DataModule whose training split calibrates data-aware settings (objective data,
-            metric activation, method learned; required by them only): a
+            metric activation, unit_matching activation, method learned; required by them only): a
             configs/data/*.yaml file, or a class path such as lmc.data.Digits.
         options: Alignment settings.
     """
@@ -364,9 +364,9 @@ def _external(a: Path, b: Path, timm_model: str | None) -> bool:
 def _refuse_data_aware_external(options: AlignOptions) -> None:
     if options.data_aware:
         raise ValueError(
-            "data-aware alignment settings (objective data, metric activation) calibrate on an lmc DataModule's "
-            "training split, which Hugging Face and timm checkpoints do not have here: use the weight settings "
-            "(the defaults) for them"
+            f"data-aware alignment settings ({options.data_settings}) calibrate on an lmc DataModule's training "
+            "split, which Hugging Face and timm checkpoints do not have here: use the weight settings (the defaults) "
+            "for them"
         )
 
 

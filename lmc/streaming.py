@@ -464,8 +464,8 @@ def align_directories(
         raise TypeError(f"options must be an lmc.matching.AlignOptions, got {type(options).__name__}")
     if options.data_aware:
         raise ValueError(
-            "data-aware settings (objective data, metric activation, method learned) need calibration batches, "
-            "which a streamed alignment of two folders does not read: use the weight settings (the defaults)"
+            f"data-aware settings ({options.data_settings}) need calibration batches, which a streamed alignment "
+            "of two folders does not read: use the weight settings (the defaults)"
         )
     check_scope(scope)
     alphas = list(dict.fromkeys(float(a) for a in merge_alphas))

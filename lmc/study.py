@@ -16,16 +16,18 @@ the same numbers.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 from lmc.checkpoints import atomic_write_json
+from lmc.matching import AlignOptions
 from lmc.report import FIRST_LAYER_INPUTS, write_report
 from lmc.symmetry import SCOPES, Scope, check_scope
 
@@ -61,6 +63,10 @@ class Study:
         table1: Protocol fragment of the Table 1 runs (alignments, head orders).
         table1_seeds: Fine-tuned seeds of the Table 1 runs (the paper averages over 10 pairs).
         robustness: Strategies whose pairs are also evaluated under input corruptions.
+        methods: Alignment settings compared with each run's own on ``methods_strategies``
+            (lmc's data-aware and learned alignment beside the paper's weight matcher): each adds
+            an aligned curve per pair of those runs.
+        methods_strategies: The strategies whose runs also sweep ``methods``.
         overlays: Configs added to every run after the family's own (e.g. the quick form's).
         output_dir: Root of the run folders.
         report: The Markdown report; its figures go into a folder of the same name without ``.md``.
@@ -72,6 +78,8 @@ class Study:
     table1: str | None = None
     table1_seeds: int = 5
     robustness: list[Scope] = field(default_factory=list)
+    methods: list[AlignOptions] = field(default_factory=list)
+    methods_strategies: list[Scope] = field(default_factory=list)
     overlays: list[str] = field(default_factory=list)
     output_dir: str = "runs/repro"
     report: str = "docs/results.md"
@@ -84,7 +92,7 @@ class Study:
             raise ValueError(f"family names must be unique, got {names}")
         if not self.strategies:
             raise ValueError("a study needs at least one strategy")
-        for strategy in [*self.strategies, *self.robustness]:
+        for strategy in [*self.strategies, *self.robustness, *self.methods_strategies]:
             check_scope(strategy)
         if min(self.seeds, self.table1_seeds) < 2:
             raise ValueError("seeds and table1_seeds must be at least 2 (a pair of fine-tuned runs)")
@@ -95,6 +103,13 @@ class Study:
                 raise FileNotFoundError(
                     f"study config {path} does not exist (paths are relative to the working folder)"
                 )
+
+    @property
+    def method_labels(self) -> list[str]:
+        """The ``lmc run`` labels of the full method and of ``methods``, in that order."""
+        from lmc.experiment import alignment_labels
+
+        return ["full", *(label for label in alignment_labels(self.methods) if label != "full")]
 
     def run_arguments(self, family: Family, strategy: Scope, pretrained: Path | None) -> list[str]:
         """The ``lmc run`` arguments of one strategy of one family."""
@@ -138,13 +153,18 @@ def run_family(study: Study, family: Family) -> dict[str, float]:
         start = time.perf_counter()
         args = study.run_arguments(family, strategy, pretrained)
         cli = lightning_cli(args, run=False)
+        overrides = []
         if strategy == "full_model":  # everything re-initialized: trained as long as pre-training
             schedule = cli.config.protocol.pretrain
             epochs = schedule.max_epochs or cli.config.trainer.max_epochs
             lr = schedule.lr or cli.config.model.lr
-            cli = lightning_cli(
-                [*args, f"--protocol.finetune.max_epochs={epochs}", f"--protocol.finetune.lr={lr}"], run=False
-            )
+            overrides += [f"--protocol.finetune.max_epochs={epochs}", f"--protocol.finetune.lr={lr}"]
+        if strategy in study.methods_strategies:
+            listed = cli.config_init.protocol.alignment_options
+            alignments = listed + [options for options in study.methods if options not in listed]
+            overrides.append(f"--protocol.alignments={json.dumps([asdict(options) for options in alignments])}")
+        if overrides:
+            cli = lightning_cli([*args, *overrides], run=False)
         Experiment(cli).run()
         if pretrained is None:
             pretrained = Path(study.output_dir) / family.name / strategy / "pretrain" / "final.ckpt"

@@ -132,8 +132,9 @@ def summarize_robustness(pairs: dict[tuple[int, int], dict[str, Any]]) -> dict[s
 
 
 def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
-    """Mean and spread over pairs of every barrier and barrier ratio, per alignment."""
-    summary: dict[str, Any] = {"pairs": [f"{i}_{j}" for i, j in pairs], "alignments": {}}
+    """Mean and spread over pairs of every barrier and barrier ratio, per alignment, and of each
+    alignment's wall time (``alignment_seconds``: apart from the results, it varies between runs)."""
+    summary: dict[str, Any] = {"pairs": [f"{i}_{j}" for i, j in pairs], "alignments": {}, "alignment_seconds": {}}
     for label in labels:
         results = [pair[label] for pair in pairs.values()]
         entry = {
@@ -155,6 +156,8 @@ def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -
             curve: _mean_curve([r["curves"][curve]["points"] for r in results]) for curve in ("naive", "aligned")
         }
         summary["alignments"][label] = entry
+        # Apart from the results: wall time of the alignment itself (not the sweep) varies between runs.
+        summary["alignment_seconds"][label] = spread([r["alignment"]["seconds"] for r in results])
     return summary
 
 

@@ -46,6 +46,35 @@ def test_run_arguments_share_the_pretrained_model_and_train_full_model_from_scra
     assert "--protocol.robustness=true" in study.run_arguments(family, "full_model", None)
 
 
+def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypatch, tmp_path):
+    import lmc.experiment
+    import lmc.study
+
+    study = dataclasses.replace(load_study([STUDY]), output_dir=str(tmp_path))
+    assert study.methods_strategies == ["first_attention", "first_block"]
+    assert study.method_labels == [
+        "full",
+        "full-metric=activation-unit_matching=activation",
+        "full-metric=activation-objective=data-unit_matching=activation",
+        "learned",
+    ]
+    runs = {}
+    monkeypatch.setattr(lmc.experiment.Experiment, "run", lambda self: runs.update({self.protocol.reinit: self}))
+    monkeypatch.setattr(lmc.study, "first_layer_inputs", lambda study, family: {})
+    lmc.study.run_family(study, study.families[0])  # a Table 1 family
+    labels = {
+        strategy: lmc.experiment.alignment_labels(run.protocol.alignment_options) for strategy, run in runs.items()
+    }
+    table1 = ["permutation", "orthogonal", "full", "full-metric=weight", "full-metric=correlation"]
+    assert labels == {
+        "first_attention": table1 + study.method_labels[1:],
+        "all_attention": ["full"],
+        "first_block": study.method_labels,
+        "full_model": ["full"],
+    }
+    assert runs["full_model"].protocol.finetune.max_epochs == runs["full_model"].protocol.pretrain.max_epochs
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -54,6 +83,7 @@ def test_run_arguments_share_the_pretrained_model_and_train_full_model_from_scra
         ({"families": []}, "at least one family"),
         ({"overlays": ["configs/study/missing.yaml"]}, "configs/study/missing.yaml does not exist"),
         ({"report": "configs/study/repro.yaml"}, "must be a Markdown file"),
+        ({"methods_strategies": ["first_blocks"]}, "first_blocks"),
     ],
 )
 def test_bad_studies_are_refused_by_name(change, message):
@@ -86,6 +116,14 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
             assert f"| {title} | {strategy} | 1 |" in strategies
         assert f"### {title}, full_model: aligned > naive in " in report
         assert (tmp_path / "r" / f"{name}.png").is_file()
+    methods = report.split("## Beyond the paper")[1].split("## Robustness")[0]
+    labels = "| `full` | `full-metric=activation-objective=data-unit_matching=activation-calibration_batches=2` |"
+    assert labels in methods
+    for title in ("ViT, digits, RoPE", "Llama, byte LM, RoPE (GQA 4/2)"):
+        assert f"| {title} | first_attention | 1 |" in methods
+    assert "The best method is at or below 5 % in " in methods and " of 2 runs." in methods
+    times = (tmp_path / "r" / "alignment_seconds.md").read_text()
+    assert "| ViT, digits, RoPE | first_attention | " in times
     checkpoints = sorted((tmp_path / "runs").rglob("final.ckpt"))
     stamps = [path.stat().st_mtime_ns for path in checkpoints]
     # Pre-trained once per family, then 2 seeds per strategy.

@@ -82,7 +82,8 @@ class GPT2Adapter(_TokenAdapter):
             # Conv1D is ``in x out``: c_fc's hidden units are columns, c_proj's are rows.
             hidden_axes = ((f"{p}.mlp.c_fc.weight", 1), (f"{p}.mlp.c_fc.bias", 0), (f"{p}.mlp.c_proj.weight", 0))
             owned = tuple(name for name, _ in hidden_axes) + (f"{p}.mlp.c_proj.bias",)
-            feed_forward = FeedForwardSpec(AxisPermutation(f"{p}.mlp", hidden, hidden_axes), owned)
+            hidden_units = AxisPermutation(f"{p}.mlp", hidden, hidden_axes, readers=(f"{p}.mlp.c_proj",))
+            feed_forward = FeedForwardSpec(hidden_units, owned)
             blocks.append(BlockSpec(attention, feed_forward))
             residual += index.elementwise(f"{p}.ln_1") + index.elementwise(f"{p}.ln_2")
             residual += index.axes(
@@ -92,7 +93,8 @@ class GPT2Adapter(_TokenAdapter):
                 (f"{p}.mlp.c_fc.weight", 0), (f"{p}.mlp.c_proj.weight", 1), (f"{p}.mlp.c_proj.bias", 0)
             )
         residual += index.elementwise("transformer.ln_f")
-        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual)))
+        readers = tuple(f"transformer.h.{i}.ln_{k}" for i in range(c.n_layer) for k in (1, 2)) + ("transformer.ln_f",)
+        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual), readers))
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         return {"input_ids": _token_inputs(model.config, batch_size, generator, model.config.n_positions)}
@@ -131,6 +133,8 @@ class _EncoderAdapter(_TokenAdapter):
                 (f"{e}.token_type_embeddings.weight", 1),
             )
             residual += index.elementwise(f"{e}.LayerNorm")
+        # Post-norm: each LayerNorm reads the sum of the stream and a sublayer's output.
+        readers = [] if index.optional(f"{self.base}.embeddings_project.weight") else [f"{e}.LayerNorm"]
         blocks = []
         layers = getattr(model, self.base).encoder.layer
         for i in range(c.num_hidden_layers):
@@ -161,12 +165,16 @@ class _EncoderAdapter(_TokenAdapter):
             residual += index.linear_writes(projections[3]) + index.elementwise(f"{p}.attention.output.LayerNorm")
             residual += index.linear_reads(f"{p}.intermediate.dense") + index.linear_writes(f"{p}.output.dense")
             residual += index.elementwise(f"{p}.output.LayerNorm")
+            readers += [f"{p}.attention.output.LayerNorm", f"{p}.output.LayerNorm"]
         first, second = self.task_head
         residual += index.linear_reads(first)
         head = linear_feed_forward(index, first.rsplit(".", 1)[0], (first,), second, d).hidden
         fixed = tuple(name for name in self.fixed_parameters if index.optional(name))
         return SymmetrySpec(
-            tuple(blocks), AxisPermutation("residual", d, tuple(residual)), fixed=fixed, task_heads=(head,)
+            tuple(blocks),
+            AxisPermutation("residual", d, tuple(residual), tuple(readers)),
+            fixed=fixed,
+            task_heads=(head,),
         )
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -242,7 +250,9 @@ class LlamaAdapter(_TokenAdapter):
             residual += [axis for q in projections[:3] + inputs for axis in index.linear_reads(q)]
             residual += index.linear_writes(projections[3]) + index.linear_writes(f"{p}.mlp.down_proj")
         residual += index.elementwise("model.norm")
-        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual)))
+        norms = ("input_layernorm", "post_attention_layernorm")
+        readers = tuple(f"model.layers.{i}.{norm}" for i in range(c.num_hidden_layers) for norm in norms)
+        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual), readers + ("model.norm",)))
 
     @staticmethod
     def _rotary(model: nn.Module, head_dim: int):

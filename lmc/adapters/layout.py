@@ -95,7 +95,8 @@ def linear_feed_forward(
     """An FFN of ``nn.Linear`` layers: ``inputs`` (up, and gate if gated) and ``output`` (down)."""
     axes = [axis for prefix in inputs for axis in index.linear_writes(prefix)] + index.linear_reads(output)
     owned = [parameter for parameter, _ in axes] + [p for p in [index.optional(f"{output}.bias")] if p]
-    return FeedForwardSpec(AxisPermutation(name, hidden, tuple(axes)), tuple(dict.fromkeys(owned)))
+    permutation = AxisPermutation(name, hidden, tuple(axes), readers=(output,))
+    return FeedForwardSpec(permutation, tuple(dict.fromkeys(owned)))
 
 
 def rotary_from_cos_sin(kind: str, pairs: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> RotaryLayout:

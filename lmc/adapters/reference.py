@@ -58,7 +58,9 @@ class ReferenceAdapter(ModelAdapter):
             return SymmetrySpec(
                 tuple(blocks), None, "the sinusoidal position table is a fixed buffer added to the residual stream"
             )
-        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", c.width, tuple(residual)))
+        readers = tuple(f"blocks.{i}.{norm}" for i in range(len(blocks)) for norm in ("attn_norm", "mlp_norm"))
+        residual_permutation = AxisPermutation("residual", c.width, tuple(residual), readers + ("norm",))
+        return SymmetrySpec(tuple(blocks), residual_permutation)
 
     def model_inputs(self, model: ReferenceTransformer, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if model.config.task == "image_classification":

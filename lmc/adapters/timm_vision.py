@@ -142,14 +142,16 @@ def _vision_spec(
         hidden_norm = index.elementwise(f"{prefix}.mlp.norm")
         if hidden_norm:
             hidden = feed_forward.hidden
-            hidden = AxisPermutation(hidden.name, hidden.size, hidden.axes + tuple(hidden_norm))
+            hidden = AxisPermutation(hidden.name, hidden.size, hidden.axes + tuple(hidden_norm), hidden.readers)
             feed_forward = type(feed_forward)(hidden, feed_forward.parameters + tuple(p for p, _ in hidden_norm))
         blocks.append(BlockSpec(attention, feed_forward))
         residual += index.elementwise(f"{prefix}.norm1") + index.elementwise(f"{prefix}.norm2") + attention_axes
         residual += [axis for p in inputs for axis in index.linear_reads(p)] + index.linear_writes(f"{prefix}.mlp.fc2")
         residual += index.axes(*((f"{prefix}.{name}", 0) for name in layer_scale))
     residual += index.elementwise("norm") + index.elementwise("fc_norm") + index.linear_reads("head")
-    return SymmetrySpec(tuple(blocks), AxisPermutation("residual", width, tuple(residual)))
+    # Every norm on the stream reads it; ``norm`` is an Identity under fc_norm and still reads it.
+    readers = tuple(f"blocks.{i}.norm{k}" for i in range(len(blocks)) for k in (1, 2)) + ("norm",)
+    return SymmetrySpec(tuple(blocks), AxisPermutation("residual", width, tuple(residual), readers))
 
 
 class _TimmVisionAdapter(ModelAdapter):

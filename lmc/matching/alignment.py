@@ -9,6 +9,8 @@ layers, output biases), then FFN and task-head permutations, head orders and the
 permutation (now also read through the aligned hidden units) are solved in turn until none
 changes. Stage 2 then runs on every attention layer with all permutations fixed, so the
 distance to the target never rises from ``permutation`` to ``orthogonal`` to ``full``.
+Activation matching (``unit_matching="activation"``) instead solves each unit permutation once
+from the units' correlations on calibration batches, which no other symmetry changes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 from lmc.adapters import adapter_for, model_spec, scope_parameters
-from lmc.matching.calibration import Calibration, PairedMoment, paired_moments
+from lmc.matching.calibration import Calibration, PairedMoment, paired_correlations, paired_moments
 from lmc.matching.grams import LayerGrams
 from lmc.matching.heads import assign_heads, head_cost
 from lmc.matching.learned import LearnedAlignment, learn_attention
@@ -485,6 +487,52 @@ class _Aligner:
             layers[layer.name].distance["learned"] = _layer_distance(self.parameters, self.target, layer)
             layers[layer.name].seconds["learned"] = learned.seconds  # one descent over every layer
 
+    def match_units(self, feed_forward: list[int], whole: bool) -> None:
+        """Activation matching: the scope's FFN hidden units, and under ``full_model`` the task heads'
+        hidden units and the residual stream, each permuted to maximize its summed correlation with
+        the target's units over the calibration tokens (one pass of both models for all of them).
+
+        A unit's activations do not change under any other symmetry, so each permutation is solved
+        once, independently; the residual stream's correlations add up over every norm that reads it.
+        """
+        start = time.perf_counter()
+        permutations = {("feed_forward", i): self.spec.blocks[i].feed_forward.hidden for i in feed_forward}
+        if whole:
+            permutations |= {("task_head", i): head for i, head in enumerate(self.spec.task_heads)}
+            if self.spec.residual is not None:
+                permutations["residual", 0] = self.spec.residual
+        if not permutations:
+            return
+        modules = {}
+        for key, permutation in permutations.items():
+            if not permutation.readers:
+                raise AlignmentError(
+                    f"{permutation.name}: the adapter for {type(self.working).__name__} names no module that reads "
+                    "these units, so they cannot be matched by activation; use unit_matching='weight'"
+                )
+            for reader in permutation.readers:
+                pair = (self.working.get_submodule(reader), self.target_model.get_submodule(reader))
+                modules[f"{permutation.name}:{reader}"] = pair
+        correlations = paired_correlations(self.working, self.target_model, modules, self.calibration)
+        perms = {}
+        for key, permutation in permutations.items():
+            correlation = sum(correlations[f"{permutation.name}:{reader}"] for reader in permutation.readers)
+            self.require_finite(
+                bool(torch.isfinite(correlation).all()), f"{permutation.name}: the activation correlation"
+            )
+            perms[key] = best_permutation(correlation)
+        self.apply(
+            ModelTransform(
+                feed_forward={i: perm for (kind, i), perm in perms.items() if kind == "feed_forward"},
+                task_heads={i: perm for (kind, i), perm in perms.items() if kind == "task_head"},
+                residual=perms.get(("residual", 0)),
+            )
+        )
+        seconds = time.perf_counter() - start
+        for key, perm in perms.items():
+            permutation = permutations[key]
+            self.record_permutation(permutation.name, key[0], perm, permutation.axes, seconds)
+
     def best_permutation(self, permutation: AxisPermutation, axes) -> torch.Tensor | None:
         """The weight-matching permutation of ``permutation``'s axis read through ``axes``; ``None`` if identity."""
         correlation = axis_correlation(self.parameters, self.target, axes, permutation.size)
@@ -602,11 +650,10 @@ def align(
         raise TypeError(f"options must be an lmc.matching.AlignOptions, got {type(options).__name__}")
     if options.data_aware:
         if calibration is None:
-            chosen = {k: getattr(options, k) for k in ("method", "objective", "metric")}
             raise ValueError(
-                f"the alignment options {chosen} read activations, so align needs calibration batches: pass "
-                "calibration=lmc.matching.Calibration(...) (lmc.connectivity.training_calibration builds one from a "
-                "DataModule's training split), or --data on the command line"
+                f"the alignment options {options.data_settings} read activations, so align needs calibration "
+                "batches: pass calibration=lmc.matching.Calibration(...) (lmc.connectivity.training_calibration "
+                "builds one from a DataModule's training split), or --data on the command line"
             )
         calibration = calibration.take(options.calibration_batches)
     started = time.perf_counter()
@@ -623,14 +670,17 @@ def align(
         start = time.perf_counter()
         aligner.capture(attention)
         report.calibration_seconds = time.perf_counter() - start
-        for index in feed_forward if not whole else []:
-            start = time.perf_counter()
-            aligner.permute_feed_forward(index)
-            hidden = spec.blocks[index].feed_forward.hidden
-            perm = report.transform.feed_forward.get(index, torch.arange(hidden.size))
-            aligner.record_permutation(hidden.name, "feed_forward", perm, hidden.axes, time.perf_counter() - start)
-        if whole:
+        if options.unit_matching == "activation":
+            aligner.match_units(feed_forward, whole)
+        elif whole:
             _coordinate_descent(aligner, spec, attention, feed_forward)
+        else:
+            for index in feed_forward:
+                start = time.perf_counter()
+                aligner.permute_feed_forward(index)
+                hidden = spec.blocks[index].feed_forward.hidden
+                perm = report.transform.feed_forward.get(index, torch.arange(hidden.size))
+                aligner.record_permutation(hidden.name, "feed_forward", perm, hidden.axes, time.perf_counter() - start)
         for index in attention:
             aligner.align_attention(index)
         if options.method == "learned" and attention:

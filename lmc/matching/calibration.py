@@ -7,6 +7,8 @@ batches and accumulate, per watched module, the paired second moments of the mod
 tokens, ``a`` and ``a'`` the source's and the target's input at the same token. Which modules
 to watch comes from the model's adapter (it knows the layout); padding tokens
 (``attention_mask == 0``) never enter a moment. Moments are accumulated in float64.
+Activation matching of FFN hidden units and the residual stream reads the correlation of
+each source unit with each target unit instead (:func:`paired_correlations`).
 """
 
 from __future__ import annotations
@@ -100,9 +102,10 @@ def batch_to_model(batch: dict[str, torch.Tensor], device: torch.device, dtype: 
 
 
 def _token_rows(value: torch.Tensor, mask: torch.Tensor | None, where: str) -> torch.Tensor:
-    """``(tokens, n)`` rows of an activation ``(B, T, n)`` or ``(B, n)``, padding tokens dropped."""
+    """``(tokens, n)`` rows of an activation ``(B, T, n)`` with padding tokens dropped, or of a
+    pooled ``(B, n)`` (a task head's: one row per sequence, which padding does not enter)."""
     rows = value.reshape(-1, value.shape[-1])
-    if mask is None:
+    if mask is None or (value.dim() == 2 and len(value) == len(mask)):
         return rows
     if tuple(value.shape[:-1]) != tuple(mask.shape):
         raise ValueError(
@@ -112,40 +115,31 @@ def _token_rows(value: torch.Tensor, mask: torch.Tensor | None, where: str) -> t
     return rows[mask.reshape(-1) != 0]
 
 
+def _std(second_moment: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """Per-unit standard deviation; 0 where the variance is rounding error of ``E[a^2] - E[a]^2``."""
+    variance = second_moment - mean.pow(2)
+    return torch.where(variance > 1e-12 * second_moment, variance, 0).sqrt()
+
+
 def _with_ones(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat([rows, torch.ones(len(rows), 1, dtype=rows.dtype, device=rows.device)], dim=1)
 
 
-def paired_moments(
+def _read_paired(
     source: nn.Module,
     target: nn.Module,
     modules: Mapping[str, tuple[nn.Module, nn.Module]],
     calibration: Calibration,
-    augment: frozenset[str] = frozenset(),
-) -> dict[str, PairedMoment]:
-    """Paired second moments of the first positional input of each watched module pair.
+    accumulate: Callable[[str, torch.Tensor, torch.Tensor], None],
+) -> None:
+    """Run both models on every calibration batch and hand each watched input to ``accumulate``.
 
-    Both models run in eval mode (no dropout) without gradients on every calibration batch,
-    moved to the models' device with floating tensors in their dtype.
-
-    Args:
-        source, target: The two models (same architecture; neither is changed).
-        modules: Key -> ``(module of source, module of target)`` whose input is read.
-        calibration: The batches and the forward.
-        augment: Keys whose rows get a constant 1 appended (``[a, 1]``: the moment then covers
-            the bias of a layer that reads ``a``, and its last row is the mean ``E[[a, 1]]``).
-
-    Returns:
-        Key -> its :class:`PairedMoment` (on the CPU).
-
-    Raises:
-        ValueError: A watched module was not called exactly once per forward, or its input is not
-            a tensor of tokens the batch's attention mask indexes.
+    ``accumulate(key, a, b)`` receives the source's and the target's rows of one batch, float64
+    ``(tokens, n)`` with padding tokens dropped. Both models run in eval mode (no dropout) without
+    gradients, on the batch moved to their device with floating tensors in their dtype.
     """
     parameter = next(source.parameters())
     device, dtype = parameter.device, parameter.dtype
-    sums: dict[str, list[torch.Tensor]] = {}
-    tokens = dict.fromkeys(modules, 0)
     captured: dict[tuple[str, int], torch.Tensor] = {}
 
     def hook(key: str, side: int):
@@ -179,17 +173,92 @@ def paired_moments(
                             "forward; the model's adapter names a module the model does not call"
                         )
                     a, b = (_token_rows(captured[key, side], mask, key).double() for side in (0, 1))
-                    if key in augment:
-                        a, b = _with_ones(a), _with_ones(b)
-                    products = (a.T @ a, a.T @ b, b.T @ b)
-                    sums[key] = list(products) if key not in sums else [s + p for s, p in zip(sums[key], products)]
-                    tokens[key] += len(a)
+                    accumulate(key, a, b)
     finally:
         for handle in handles:
             handle.remove()
         source.train(modes[0]), target.train(modes[1])
+
+
+def paired_moments(
+    source: nn.Module,
+    target: nn.Module,
+    modules: Mapping[str, tuple[nn.Module, nn.Module]],
+    calibration: Calibration,
+    augment: frozenset[str] = frozenset(),
+) -> dict[str, PairedMoment]:
+    """Paired second moments of the first positional input of each watched module pair.
+
+    Args:
+        source, target: The two models (same architecture; neither is changed).
+        modules: Key -> ``(module of source, module of target)`` whose input is read.
+        calibration: The batches and the forward.
+        augment: Keys whose rows get a constant 1 appended (``[a, 1]``: the moment then covers
+            the bias of a layer that reads ``a``, and its last row is the mean ``E[[a, 1]]``).
+
+    Returns:
+        Key -> its :class:`PairedMoment` (on the CPU).
+
+    Raises:
+        ValueError: A watched module was not called exactly once per forward, or its input is not
+            a tensor of tokens the batch's attention mask indexes.
+    """
+    sums: dict[str, list[torch.Tensor]] = {}
+    tokens = dict.fromkeys(modules, 0)
+
+    def accumulate(key: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        if key in augment:
+            a, b = _with_ones(a), _with_ones(b)
+        products = (a.T @ a, a.T @ b, b.T @ b)
+        sums[key] = list(products) if key not in sums else [s + p for s, p in zip(sums[key], products)]
+        tokens[key] += len(a)
+
+    _read_paired(source, target, modules, calibration, accumulate)
     moments = {}
     for key, (s, c, t) in sums.items():
         count = max(tokens[key], 1)
         moments[key] = PairedMoment((s / count).cpu(), (c / count).cpu(), (t / count).cpu(), tokens[key])
     return moments
+
+
+def paired_correlations(
+    source: nn.Module,
+    target: nn.Module,
+    modules: Mapping[str, tuple[nn.Module, nn.Module]],
+    calibration: Calibration,
+) -> dict[str, torch.Tensor]:
+    """Pearson correlation of every source unit with every target unit of each watched input.
+
+    The statistic of Git Re-Basin's activation matching: ``corr[i, j]`` over the calibration
+    tokens between unit ``i`` of the source's input and unit ``j`` of the target's, at the same
+    token. A unit constant over the calibration (a dead ReLU) correlates 0 with everything. Only
+    the cross moment is ``(n, n)``; the rest is per unit, so an FFN's hidden width costs one
+    ``n x n`` float64 matrix.
+
+    Args:
+        source, target, modules, calibration: As :func:`paired_moments`.
+
+    Returns:
+        Key -> ``(n, n)`` float64 correlations on the CPU.
+
+    Raises:
+        ValueError: As :func:`paired_moments`.
+    """
+    sums: dict[str, dict[str, torch.Tensor]] = {}
+    tokens = dict.fromkeys(modules, 0)
+
+    def accumulate(key: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        batch = {"a": a.sum(0), "b": b.sum(0), "aa": a.pow(2).sum(0), "bb": b.pow(2).sum(0), "ab": a.T @ b}
+        sums[key] = batch if key not in sums else {k: sums[key][k] + v for k, v in batch.items()}
+        tokens[key] += len(a)
+
+    _read_paired(source, target, modules, calibration, accumulate)
+    correlations = {}
+    for key, sum_of in sums.items():
+        count = max(tokens[key], 1)
+        mean_a, mean_b = sum_of["a"] / count, sum_of["b"] / count
+        covariance = sum_of["ab"] / count - torch.outer(mean_a, mean_b)
+        std_a, std_b = (_std(sum_of[k] / count, m) for k, m in (("aa", mean_a), ("bb", mean_b)))
+        scale = torch.outer(std_a, std_b)
+        correlations[key] = torch.where(scale > 0, covariance / scale.where(scale > 0, 1), 0).cpu()
+    return correlations

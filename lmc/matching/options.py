@@ -14,11 +14,13 @@ from typing import Literal, get_args
 Method = Literal["naive", "permutation", "orthogonal", "full", "learned"]
 Metric = Literal["invariant", "weight", "correlation", "activation"]
 Objective = Literal["weight", "data"]
+UnitMatching = Literal["weight", "activation"]
 METHODS: tuple[str, ...] = get_args(Method)
 METRICS: tuple[str, ...] = get_args(Metric)
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
+UNIT_MATCHINGS: tuple[str, ...] = get_args(UnitMatching)
 #: The fields that matter only to a data-aware alignment (see :attr:`AlignOptions.data_aware`).
-DATA_FIELDS: tuple[str, ...] = ("objective", "calibration_batches")
+DATA_FIELDS: tuple[str, ...] = ("objective", "unit_matching", "calibration_batches")
 #: The fields that matter only to ``method="learned"``.
 LEARNED_FIELDS: tuple[str, ...] = ("learned_steps", "learned_lr")
 
@@ -50,6 +52,15 @@ class AlignOptions:
     the target's input to the layer, biases included; the same for ``W_K C^{-T}`` and ``W_V B``,
     i.e. ``W^T Sigma W'`` with the inputs' second moments in place of ``W^T W'``; ``W_O`` reads the
     attention's output, not ``x``, and stays on weights). Needs a calibration."""
+
+    unit_matching: UnitMatching = "weight"
+    """How the permutations of FFN hidden units (``first_block``, ``full_model``), task-head hidden
+    units and the residual stream (``full_model``) are found: ``weight`` (Git Re-Basin's weight
+    matching; under ``full_model`` by coordinate descent with the head orders) or ``activation``
+    (Git Re-Basin's activation matching: each permutation maximizes the summed Pearson correlation
+    of the source's and the target's units on the calibration batches, where the residual stream is
+    read at the input of every norm on it; units of different permutations do not interact, so each
+    is solved once). Needs a calibration; the other scopes have no such units and ignore it."""
 
     calibration_batches: int = 8
     """Calibration batches (from the training split) that data-aware settings read."""
@@ -100,7 +111,23 @@ class AlignOptions:
     @property
     def data_aware(self) -> bool:
         """Whether these settings read activations, so that :func:`~lmc.matching.align` needs a calibration."""
-        return self.method == "learned" or self.objective == "data" or self.metric == "activation"
+        return (
+            self.method == "learned"
+            or self.objective == "data"
+            or self.metric == "activation"
+            or self.unit_matching == "activation"
+        )
+
+    @property
+    def data_settings(self) -> str:
+        """The chosen settings that read activations, e.g. ``"objective=data, metric=activation"``."""
+        chosen = [
+            ("method", "learned"),
+            ("objective", "data"),
+            ("metric", "activation"),
+            ("unit_matching", "activation"),
+        ]
+        return ", ".join(f"{name}={value}" for name, value in chosen if getattr(self, name) == value)
 
     @property
     def last_stage(self) -> Method:
@@ -112,6 +139,7 @@ class AlignOptions:
             ("method", METHODS),
             ("metric", METRICS),
             ("objective", OBJECTIVES),
+            ("unit_matching", UNIT_MATCHINGS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")

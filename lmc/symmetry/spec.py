@@ -154,11 +154,16 @@ class AxisPermutation:
         name: What is permuted (for messages and reports).
         size: Length of the permuted axis.
         axes: ``(parameter name, axis)`` pairs.
+        readers: Modules whose first positional input holds the permuted units as its last
+            axis, ``(B, T, size)`` or ``(B, size)``: an FFN's output projection reads its hidden
+            units, the norms on the residual stream read the stream. Activation matching
+            correlates these inputs; empty where the adapter names none.
     """
 
     name: str
     size: int
     axes: tuple[tuple[str, int], ...]
+    readers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

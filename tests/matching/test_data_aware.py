@@ -7,7 +7,8 @@ import torch
 
 from lmc.adapters import adapter_for, model_spec, random_symmetry
 from lmc.matching import AlignOptions, Calibration, align
-from lmc.matching.calibration import PairedMoment, paired_moments
+from lmc.matching.alignment import AlignmentError
+from lmc.matching.calibration import PairedMoment, paired_correlations, paired_moments
 from lmc.matching.grams import WEIGHT_SHARE, LayerGrams
 from tests.architectures import ARCHITECTURES, OUTPUT_RTOL, build
 
@@ -60,9 +61,105 @@ def test_data_aware_methods_keep_the_function_and_recover_a_planted_element(key)
         assert report.calibration == {"split": "train", "num_samples": 6, "data": {}, "batches": 2}
 
 
+ACTIVATION_UNITS = AlignOptions(unit_matching="activation", calibration_batches=2)
+
+
+@pytest.mark.parametrize("scope", ["first_block", "full_model"])
+@pytest.mark.parametrize("key", list(ARCHITECTURES))
+def test_activation_unit_matching_keeps_the_function_and_recovers_a_planted_element(key, scope):
+    target = build(key)
+    source = random_symmetry(target, scope, seed=3)
+    aligned, report = align(source, target, scope, ACTIVATION_UNITS, calibration(target))
+    assert report.probe_relative_error < OUTPUT_RTOL.get(key, 1e-12)
+    # Every unit correlates exactly 1 with its planted twin: the whole element comes back.
+    assert _relative_residual(aligned, target) < 1e-11
+    kinds = {layer.kind for layer in report.layers}
+    spec = model_spec(target)
+    expected = {"attention", "feed_forward"}
+    if scope == "full_model":
+        expected |= {"task_head"} if spec.task_heads else set()
+        expected |= {"residual"} if spec.residual is not None else set()
+    assert kinds == expected
+    units = [layer for layer in report.layers if layer.kind in ("feed_forward", "task_head")]
+    assert units and all(layer.distance["permutation"] < 1e-12 for layer in units)
+
+
+def test_activation_matching_of_an_independent_pair_maximizes_the_units_correlation():
+    source, target = (
+        build("ref-lm-rope-half-gqa-swiglu-rms-nobias", seed=0),
+        build("ref-lm-rope-half-gqa-swiglu-rms-nobias", seed=1),
+    )
+    data = calibration(source, batches=3)
+    aligned, report = align(source, target, "full_model", ACTIVATION_UNITS, data)
+    spec = model_spec(source)
+    hidden = spec.blocks[1].feed_forward.hidden
+    modules = {
+        "before": tuple(m.get_submodule(hidden.readers[0]) for m in (source, target)),
+        "after": tuple(m.get_submodule(hidden.readers[0]) for m in (aligned, target)),
+    }
+    correlations = paired_correlations(source, target, {"before": modules["before"]}, data.take(2))["before"]
+    after = paired_correlations(aligned, target, {"after": modules["after"]}, data.take(2))["after"]
+    # The aligned units are the source's, permuted: the permutation found is the best one.
+    perm = report.transform.feed_forward[1]
+    torch.testing.assert_close(after, correlations[perm], rtol=0, atol=1e-14)
+    best = float(after.diagonal().sum())
+    assert best > float(correlations.diagonal().sum()) + 1.0
+    generator = torch.Generator().manual_seed(0)
+    others = [float(after[torch.randperm(hidden.size, generator=generator)].diagonal().sum()) for _ in range(200)]
+    assert best > max(others)
+
+
+def test_paired_correlations_are_pearson_correlations_over_unpadded_tokens():
+    source, target = build("bert", seed=0), build("bert", seed=1)
+    reader = model_spec(source).blocks[0].feed_forward.hidden.readers[0]
+    modules = {"hidden": tuple(m.get_submodule(reader) for m in (source, target))}
+    data = calibration(source, batches=2)
+    correlation = paired_correlations(source, target, modules, data)["hidden"]
+    rows = []
+    for model in (source, target):
+        captured = []
+        handle = model.get_submodule(reader).register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+        with torch.no_grad():
+            for batch in data.batches:
+                _forward(model.eval(), batch)
+        handle.remove()
+        mask = torch.cat([b["attention_mask"].reshape(-1) for b in data.batches]) != 0
+        rows.append(torch.cat([x.reshape(-1, x.shape[-1]) for x in captured])[mask])
+    n = rows[0].shape[1]
+    expected = torch.corrcoef(torch.cat(rows, dim=1).T)[:n, n:]
+    torch.testing.assert_close(correlation, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_constant_unit_correlates_zero_with_every_unit():
+    source, target = build("ref-vit-learned", seed=0), build("ref-vit-learned", seed=1)
+    reader = model_spec(source).blocks[0].feed_forward.hidden.readers[0]
+    with torch.no_grad():  # hidden unit 2 of the source is a constant: weights 0, bias 3
+        up = source.get_submodule(reader.replace("down_proj", "up_proj"))
+        up.weight[2] = 0
+        up.bias[2] = 3.0
+    modules = {"hidden": tuple(m.get_submodule(reader) for m in (source, target))}
+    correlation = paired_correlations(source, target, modules, calibration(source))["hidden"]
+    assert bool((correlation[2] == 0).all()) and bool((correlation[3].abs() > 0).all())
+
+
+def test_units_without_readers_are_refused_with_the_fix(monkeypatch):
+    import dataclasses
+
+    import lmc.matching.alignment as alignment
+
+    model = build("gpt2")
+    spec = model_spec(model)
+    blocks = list(spec.blocks)
+    hidden = dataclasses.replace(blocks[0].feed_forward.hidden, readers=())
+    blocks[0] = dataclasses.replace(blocks[0], feed_forward=dataclasses.replace(blocks[0].feed_forward, hidden=hidden))
+    monkeypatch.setattr(alignment, "model_spec", lambda m: dataclasses.replace(spec, blocks=tuple(blocks)))
+    with pytest.raises(AlignmentError, match="names no module that reads these units.*unit_matching='weight'"):
+        align(model, build("gpt2", seed=1), "full_model", ACTIVATION_UNITS, calibration(model))
+
+
 def test_missing_or_short_calibration_is_refused_with_the_fix():
     model = build("ref-vit-learned")
-    for options in DATA_AWARE.values():
+    for options in [*DATA_AWARE.values(), ACTIVATION_UNITS]:
         with pytest.raises(ValueError, match="pass calibration=lmc.matching.Calibration"):
             align(model, model, "first_attention", options)
     with pytest.raises(ValueError, match="calibration_batches=5 but the calibration holds 2 batches"):
@@ -76,7 +173,10 @@ def test_options_refuse_unknown_data_settings():
         AlignOptions(objective="activations")
     with pytest.raises(ValueError, match="calibration_batches must be an integer >= 1"):
         AlignOptions(calibration_batches=0)
+    with pytest.raises(ValueError, match="unknown unit_matching 'activations'; choose one of weight, activation"):
+        AlignOptions(unit_matching="activations")
     assert not AlignOptions().data_aware and AlignOptions(metric="activation").data_aware
+    assert ACTIVATION_UNITS.data_aware and ACTIVATION_UNITS.data_settings == "unit_matching=activation"
 
 
 def _moment(matrix: torch.Tensor) -> PairedMoment:

@@ -108,7 +108,7 @@ def test_learned_returns_fulls_element_when_no_step_improves():
 
 def test_learned_needs_a_calibration_and_valid_settings():
     model = build("ref-vit-learned")
-    with pytest.raises(ValueError, match="'method': 'learned'.*pass calibration=lmc.matching.Calibration"):
+    with pytest.raises(ValueError, match="method=learned.*pass calibration=lmc.matching.Calibration"):
         align(model, model, "first_attention", AlignOptions(method="learned"))
     assert AlignOptions(method="learned").data_aware and AlignOptions(method="learned").last_stage == "full"
     with pytest.raises(ValueError, match="learned_steps must be an integer >= 0, got -1"):
