@@ -161,7 +161,14 @@ def test_summary_statistics_by_hand():
         "curves": {c: {"points": curve, **dict.fromkeys(BARRIERS, 1.0)} for c in ("naive", "aligned")},
         "barrier_ratio": {"loss_barrier": 50.0, "accuracy_barrier": 25.0},
     }
-    summary = summarize({(0, 1): {"full": result}, (0, 2): {"full": result}}, ["full"])
+    summary = summarize(
+        {
+            (0, 1): {"full": {**result, "alignment": {"seconds": 1.0}}},
+            (0, 2): {"full": {**result, "alignment": {"seconds": 2.0}}},
+        },
+        ["full"],
+    )
+    assert summary["alignment_seconds"]["full"]["mean"] == 1.5
     assert summary["alignments"]["full"]["barrier_ratio"]["loss_barrier"]["mean"] == 50.0
     assert summary["alignments"]["full"]["mean_curves"]["naive"][1]["loss"] == 3.0
 

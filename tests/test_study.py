@@ -54,7 +54,6 @@ def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypat
     assert study.methods_strategies == ["first_attention", "first_block"]
     assert study.method_labels == [
         "full",
-        "full-metric=activation-unit_matching=activation",
         "full-metric=activation-objective=data-unit_matching=activation",
         "learned",
     ]

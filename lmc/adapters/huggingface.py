@@ -47,8 +47,15 @@ class _TokenAdapter(ModelAdapter):
         return inputs
 
 
+class _CausalLMAdapter(_TokenAdapter):
+    """HF causal LMs: lmc never generates, so no forward fills a key/value cache."""
+
+    def model_inputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**super().model_inputs(model, batch), "use_cache": False}
+
+
 @register_adapter("transformers:GPT2LMHeadModel")
-class GPT2Adapter(_TokenAdapter):
+class GPT2Adapter(_CausalLMAdapter):
     def spec(self, model: nn.Module) -> SymmetrySpec:
         from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
@@ -217,7 +224,7 @@ class RoFormerAdapter(_EncoderAdapter):
 
 
 @register_adapter("transformers:LlamaForCausalLM")
-class LlamaAdapter(_TokenAdapter):
+class LlamaAdapter(_CausalLMAdapter):
     def spec(self, model: nn.Module) -> SymmetrySpec:
         from transformers.models.llama.modeling_llama import LlamaAttention
 
