@@ -190,6 +190,7 @@ METHODS_TARGET = 5.0
 def _methods(study, summaries) -> tuple[list[str], list[str]]:
     """The methods table of ``docs/results.md``, and the wall times (which vary between runs) apart."""
     labels = study.method_labels
+    batches = "/".join(str(n) for n in sorted({m.calibration_batches for m in study.methods if m.data_aware}))
     header = "| family | strategy | pairs | naive loss barrier | " + " | ".join(f"`{label}`" for label in labels)
     lines = [
         "## Beyond the paper: data-aware and learned alignment",
@@ -200,7 +201,7 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
         "`unit_matching=activation` matches FFN hidden units by their activations, `objective=data` fits "
         "Stage 2 to the projections' outputs on the inputs instead of to the weights, `learned` descends "
         "the interpolation loss from `full`'s element). Every method stays inside the symmetry group (the "
-        "probe check holds). Calibration: 8 batches of the fine-tuning half's training split; the curves "
+        f"probe check holds). Calibration: {batches} batches of the fine-tuning half's training split; the curves "
         f"are measured on the validation split. Target: the best method at or below {METHODS_TARGET:g} % "
         "on average (the paper's full method: 7-12 %). The best mean of each row is in bold; "
         f"[the wall time of each alignment]({Path(study.report).with_suffix('').name}/alignment_seconds.md) "
