@@ -504,7 +504,7 @@ class _Aligner:
         if not permutations:
             return
         modules = {}
-        for key, permutation in permutations.items():
+        for permutation in permutations.values():
             if not permutation.readers:
                 raise AlignmentError(
                     f"{permutation.name}: the adapter for {type(self.working).__name__} names no module that reads "
