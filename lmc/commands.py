@@ -264,14 +264,14 @@ def repro(
 ) -> None:
     """The paper's study at small scale: every family and strategy, Table 1, then docs/results.md.
 
-    Runs resume after a kill (finished fits and sweep points are kept). Each family runs in its own
-    worker with one thread, so the numbers do not depend on --jobs.
+    Runs resume after a kill (finished fits and sweep points are kept). Each run computes in a worker
+    with one thread, so the numbers do not depend on --jobs.
 
     Args:
         study: Study configs, later ones overriding earlier ones (configs/study/*.yaml).
         quick: The same pipeline in its tiny form (configs/study/quick.yaml: a few steps, 2 seeds;
             its numbers mean nothing; it writes runs/repro_quick/results.md, not docs/results.md).
-        jobs: Families run at a time (one CPU thread each).
+        jobs: Runs at a time (one CPU thread each).
     """
     from lmc.study import repro as run_study
 

@@ -249,7 +249,9 @@ def measure_connectivity(
         "reference_fingerprint": fingerprint(endpoints["naive"]),
         "settings": settings,
     }
-    key = fingerprint(extra=identity)
+    # The aligned model itself is part of the aligned curve's key: a matcher that changed since a
+    # killed sweep (same options, another element) never resumes its stale points.
+    key = fingerprint(extra={**identity, "aligned_fingerprint": fingerprint(endpoints["aligned"])})
     stores = {"aligned": SweepStore.open(hooks.state_path, key)}
     if hooks.naive_state_path is None:
         stores["naive"] = stores["aligned"]

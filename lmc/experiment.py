@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from lmc.adapters import model_spec
 from lmc.checkpoints import atomic_write, atomic_write_json, load_weights
@@ -368,16 +368,22 @@ class Experiment:
 
     # -- alignment and sweeps ----------------------------------------------------------------
 
+    def curve_data(self, datamodule) -> tuple[Dataset, dict[str, Any]]:
+        """The samples the curves are measured on (``protocol.split``, its first ``eval_samples``)
+        and their identity in sweep keys and results."""
+        dataset, data = datamodule.split(self.protocol.split), data_identity(datamodule)
+        if self.protocol.eval_samples is not None:
+            dataset = Subset(dataset, range(min(self.protocol.eval_samples, len(dataset))))
+            data = {**data, "eval_samples": len(dataset)}
+        return dataset, data
+
     def sweep_pair(self, stages: list[_Stage], checkpoints: list[Path], i: int, j: int) -> dict[str, Any]:
         """Align seed ``i`` to seed ``j`` with every listed alignment and sweep both curves."""
         _, module, datamodule = self.instantiate(stages[j])
         load_weights(module.model, checkpoints[j])
         module.eval()
         reference = load_weights(module.build_model(), checkpoints[i]).eval()
-        dataset, data = datamodule.split(self.protocol.split), data_identity(datamodule)
-        if self.protocol.eval_samples is not None:
-            dataset = Subset(dataset, range(min(self.protocol.eval_samples, len(dataset))))
-            data = {**data, "eval_samples": len(dataset)}
+        dataset, data = self.curve_data(datamodule)
         loader = DataLoader(dataset, batch_size=self.protocol.eval_batch_size or datamodule.batch_size)
         alphas = evenly_spaced(self.protocol.num_alphas)
         evaluation = Evaluation(
@@ -506,7 +512,15 @@ class Experiment:
             summary["head_orders"] = summarize_head_orders(pairs, alignment_labels(protocol.alignment_options))
         if protocol.robustness:
             summary[ROBUSTNESS] = summarize_robustness(pairs)
-        summary["protocol"] = {"output_dir": str(self.root), "reinit": protocol.reinit, "seeds": protocol.seeds}
+        datamodule = self.instantiate(stages[0])[2]
+        summary["protocol"] = {
+            "output_dir": str(self.root),
+            "reinit": protocol.reinit,
+            "seeds": protocol.seeds,
+            "split": protocol.split,
+            "curve_samples": len(self.curve_data(datamodule)[0]),
+            "split_samples": len(datamodule.split(protocol.split)),
+        }
         write_summary(self.root, summary)
         log_curves(self.root / "tensorboard" / "lmc", pairs, summary)
         return summary

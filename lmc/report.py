@@ -33,6 +33,16 @@ PAPER_STRATEGIES = {
 }
 
 
+def _curve_samples(runs: dict[str, dict[str, Any]]) -> str:
+    """Where a family's curves are measured, e.g. ``val, first 182 of 364 samples`` (the same
+    for every strategy: they share the family's experiment config)."""
+    if not runs:
+        return "n/a"
+    protocol = next(iter(runs.values()))["protocol"]
+    used, whole = protocol["curve_samples"], protocol["split_samples"]
+    return f"{protocol['split']}, {f'first {used} of {whole}' if used < whole else whole} samples"
+
+
 def _cell(stats: dict[str, float] | None, digits: int = 1, unit: str = "") -> str:
     if not stats or not math.isfinite(stats["mean"]):
         return "n/a"
@@ -379,15 +389,16 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
         f"Written by `lmc repro` from the runs in `{study.output_dir}` (study: "
         + ", ".join(f"`{source}`" for source in sources)
         + "); regenerate it with `make repro` rather than editing it. Every cell is the mean ± standard "
-        "deviation over pairs of fine-tuned seeds; curves are measured on the validation split. Figures "
-        "from the paper stand beside lmc's where it has one.",
+        "deviation over pairs of fine-tuned seeds; `curves on` names the split and the samples every "
+        "interpolation curve is measured on. Figures from the paper stand beside lmc's where it has one.",
         "",
-        "| family | experiment config | strategies run |",
-        "|---|---|---|",
+        "| family | experiment config | strategies run | curves on |",
+        "|---|---|---|---|",
     ]
     for family in study.families:
-        done = ", ".join(summaries.get(family.name, {})) or "none"
-        lines.append(f"| {family.title} | `{family.experiment}` | {done} |")
+        runs = summaries.get(family.name, {})
+        done = ", ".join(runs) or "none"
+        lines.append(f"| {family.title} | `{family.experiment}` | {done} | {_curve_samples(runs)} |")
     lines += ["", *_table1(study, summaries), "", *_appendix_k(study, summaries), "", *_strategies(study, summaries)]
     if study.methods and study.methods_strategies:
         methods, times = _methods(study, summaries)

@@ -8,9 +8,9 @@ order and the variants of the matcher (``configs/protocol/table1.yaml``). Each r
 :class:`~lmc.experiment.Experiment`, so the study resumes after a kill like ``lmc run`` does.
 :mod:`lmc.report` then turns the run folders into ``docs/results.md``.
 
-Families run in parallel worker processes (``jobs``), each computing with one thread: the numbers
-do not depend on how the families are scheduled, and the same command on the same machine prints
-the same numbers.
+The pre-trainings and then the runs are spread over worker processes (``jobs``), longest first,
+each computing with one thread: the numbers do not depend on how the tasks are scheduled, and the
+same command on the same machine prints the same numbers.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -111,6 +111,10 @@ class Study:
 
         return ["full", *(label for label in alignment_labels(self.methods) if label != "full")]
 
+    def pretrained(self, family: Family) -> Path:
+        """A family's pre-trained checkpoint, in its first strategy's run folder."""
+        return Path(self.output_dir) / family.name / self.strategies[0] / "pretrain" / "final.ckpt"
+
     def run_arguments(self, family: Family, strategy: Scope, pretrained: Path | None) -> list[str]:
         """The ``lmc run`` arguments of one strategy of one family."""
         table1 = family.table1 and self.table1 is not None and strategy == "first_attention"
@@ -141,37 +145,39 @@ def load_study(paths: list[str | Path]) -> Study:
     return parser.instantiate_classes(config).study
 
 
-def run_family(study: Study, family: Family) -> dict[str, float]:
-    """Every strategy of one family, in order; returns each run's wall time in seconds."""
-    import torch
-
+def pretrain(study: Study, family: Family) -> None:
+    """Pre-train one family on its half A, in its first strategy's run folder (where that run and
+    every other strategy's run find it)."""
     from lmc.experiment import Experiment, lightning_cli
 
-    torch.set_num_threads(THREADS)
-    pretrained, seconds = None, {}
-    for strategy in study.strategies:
-        start = time.perf_counter()
-        args = study.run_arguments(family, strategy, pretrained)
-        cli = lightning_cli(args, run=False)
-        overrides = []
-        if strategy == "full_model":  # everything re-initialized: trained as long as pre-training
-            schedule = cli.config.protocol.pretrain
-            epochs = schedule.max_epochs or cli.config.trainer.max_epochs
-            lr = schedule.lr or cli.config.model.lr
-            overrides += [f"--protocol.finetune.max_epochs={epochs}", f"--protocol.finetune.lr={lr}"]
-        if strategy in study.methods_strategies:
-            listed = cli.config_init.protocol.alignment_options
-            alignments = listed + [options for options in study.methods if options not in listed]
-            overrides.append(f"--protocol.alignments={json.dumps([asdict(options) for options in alignments])}")
-        if overrides:
-            cli = lightning_cli([*args, *overrides], run=False)
-        Experiment(cli).run()
-        if pretrained is None:
-            pretrained = Path(study.output_dir) / family.name / strategy / "pretrain" / "final.ckpt"
-        seconds[strategy] = time.perf_counter() - start
-    inputs = first_layer_inputs(study, family)
-    atomic_write_json(Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS, inputs)
-    return seconds
+    experiment = Experiment(lightning_cli(study.run_arguments(family, study.strategies[0], None), run=False))
+    experiment.fit(experiment.pretrain_stage())
+
+
+def run_strategy(study: Study, family: Family, strategy: Scope) -> None:
+    """One ``lmc run`` of one family under one strategy, from the family's pre-trained model; the
+    first strategy's run also measures the first layer's inputs (:func:`first_layer_inputs`)."""
+    from lmc.experiment import Experiment, lightning_cli
+
+    first = strategy == study.strategies[0]
+    args = study.run_arguments(family, strategy, None if first else study.pretrained(family))
+    cli = lightning_cli(args, run=False)
+    overrides = []
+    if strategy == "full_model":  # everything re-initialized: trained as long as pre-training
+        pretraining = cli.config.protocol.pretrain
+        epochs = pretraining.max_epochs or cli.config.trainer.max_epochs
+        lr = pretraining.lr or cli.config.model.lr
+        overrides += [f"--protocol.finetune.max_epochs={epochs}", f"--protocol.finetune.lr={lr}"]
+    if strategy in study.methods_strategies:
+        listed = cli.config_init.protocol.alignment_options
+        alignments = listed + [options for options in study.methods if options not in listed]
+        overrides.append(f"--protocol.alignments={json.dumps([asdict(options) for options in alignments])}")
+    if overrides:
+        cli = lightning_cli([*args, *overrides], run=False)
+    Experiment(cli).run()
+    if first:
+        inputs = first_layer_inputs(study, family)
+        atomic_write_json(Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS, inputs)
 
 
 def first_layer_inputs(study: Study, family: Family, batches: int = 8) -> dict[str, Any]:
@@ -219,37 +225,90 @@ def first_layer_inputs(study: Study, family: Family, batches: int = 8) -> dict[s
     return {"width": layer.width, "rank": span.shape[1], "tokens": moment.tokens, "visible": visible}
 
 
-def _run_family_logged(study: Study, family: Family) -> dict[str, float]:
-    """:func:`run_family` in a worker process, its output going to ``<family>/log.txt``."""
+@dataclass(frozen=True)
+class _Task:
+    """One unit of a study's schedule: a family's pre-training (``strategy`` ``None``) or one run."""
+
+    family: Family
+    strategy: Scope | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.family.name}/{self.strategy or 'pretrain'}"
+
+    def log(self, study: Study) -> Path:
+        """Where the task's output goes: its run folder's ``log.txt`` (pre-training: the first run's)."""
+        return Path(study.output_dir) / self.family.name / (self.strategy or study.strategies[0]) / "log.txt"
+
+
+def schedule(study: Study) -> list[_Task]:
+    """The study's tasks in the order they start: every pre-training, then the runs longest first.
+
+    Runs are ordered by their expected size (Table 1 runs, then runs with extra alignments or the
+    robustness table, then the rest, each group from the last family listed to the first), so
+    the small runs fill the end and the workers finish together; a run waits for its family's
+    pre-training. The order changes only the wall time, never a number.
+    """
+
+    def size(task: _Task) -> tuple[int, int, int]:
+        table1 = task.family.table1 and study.table1 is not None and task.strategy == "first_attention"
+        extra = (task.strategy in study.methods_strategies) + (task.strategy in study.robustness)
+        return table1, extra, study.families.index(task.family)
+
+    runs = [_Task(family, strategy) for family in study.families for strategy in study.strategies]
+    return [_Task(family) for family in study.families] + sorted(runs, key=size, reverse=True)
+
+
+def _run_logged(study: Study, task: _Task) -> float:
+    """One task in a worker process (one thread), its output appended to its run folder's
+    ``log.txt``; returns its wall time in seconds."""
     import logging
 
-    folder = Path(study.output_dir) / family.name
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "log.txt", "a") as log:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    task.log(study).parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(task.log(study), "a") as log:
         sys.stdout.flush(), sys.stderr.flush()
         saved = os.dup(1), os.dup(2)
         os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
         try:
             for name in ("lightning.pytorch", "lightning.fabric"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-            return run_family(study, family)
+            if task.strategy is None:
+                pretrain(study, task.family)
+            else:
+                run_strategy(study, task.family, task.strategy)
         finally:
             sys.stdout.flush(), sys.stderr.flush()
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+    return time.perf_counter() - start
 
 
-def run_study(study: Study, jobs: int = 2) -> dict[str, dict[str, float]]:
-    """Run every family (``jobs`` at a time, one thread each); returns the wall times per run."""
+def run_study(study: Study, jobs: int = 2) -> dict[str, float]:
+    """Run every task of :func:`schedule` (``jobs`` at a time, one thread each); returns each
+    task's wall time in seconds, also written to ``<output_dir>/times.json``."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     Path(study.output_dir).mkdir(parents=True, exist_ok=True)
-    times: dict[str, dict[str, float]] = {}
+    waiting, running, times = schedule(study), {}, {}
+    pretrained: set[str] = set()
     context = get_context("spawn")  # a fresh interpreter: no state shared with the parent
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {family.name: pool.submit(_run_family_logged, study, family) for family in study.families}
-        for name, future in futures.items():
-            times[name] = future.result()
-            print(f"{name}: done in {sum(times[name].values()):.0f} s (log: {study.output_dir}/{name}/log.txt)")
+        while waiting or running:
+            ready = [task for task in waiting if task.strategy is None or task.family.name in pretrained]
+            for task in ready[: jobs - len(running)]:
+                waiting.remove(task)
+                running[pool.submit(_run_logged, study, task)] = task
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                task = running.pop(future)
+                times[task.name] = future.result()
+                if task.strategy is None:
+                    pretrained.add(task.family.name)
+                print(f"{task.name}: done in {times[task.name]:.0f} s (log: {task.log(study)})")
+    atomic_write_json(Path(study.output_dir) / "times.json", times)
     return times
 
 
@@ -259,6 +318,7 @@ def repro(paths: list[str | Path], jobs: int = 2) -> dict[str, Any]:
     start = time.perf_counter()
     times = run_study(study, jobs)
     data = write_report(study, [str(path) for path in paths])
-    print(f"study finished in {time.perf_counter() - start:.0f} s with {jobs} workers x {THREADS} thread")
+    wall, work = time.perf_counter() - start, sum(times.values())
+    print(f"study finished in {wall:.0f} s ({work:.0f} s of work) with {jobs} workers x {THREADS} thread")
     print(f"wrote {study.report}")
     return {"times": times, **data}

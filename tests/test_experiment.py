@@ -67,6 +67,9 @@ def test_run_fits_every_seed_sweeps_every_pair_and_summarizes(finished, capsys):
     root = finished / "run"
     for stage in ("pretrain", "seed0", "seed1", "seed2"):
         assert (root / stage / "final.ckpt").is_file() and (root / stage / "stage.json").is_file()
+    protocol = json.loads((root / "summary.json").read_text())["protocol"]
+    # Where the curves were measured: the whole validation split (digits: 15 % of 1797 images).
+    assert (protocol["split"], protocol["curve_samples"], protocol["split_samples"]) == ("val", 269, 269)
     summary = _summary(finished)
     assert summary["pairs"] == ["0_1", "0_2", "1_2"]
     assert set(summary["alignments"]) == {"permutation", "full"}

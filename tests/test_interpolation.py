@@ -259,3 +259,39 @@ def test_an_alignment_made_by_the_caller_is_used_not_made_again(monkeypatch):
         measure_connectivity(
             module.model, other.model, "full_model", AlignOptions(), alphas, evaluation, alignment=alignment
         )
+
+
+def test_a_changed_alignment_of_the_same_settings_never_resumes_its_stale_points(tmp_path):
+    """A matcher that changed since a killed sweep (same options, another element): its curve is
+    evaluated again, the naive one still resumes."""
+    from torch.utils.data import DataLoader, Subset
+
+    from lmc.connectivity import Evaluation, SweepHooks, measure_connectivity
+    from lmc.data import Digits
+    from lmc.matching import AlignOptions, align
+    from lmc.training import LMCModule
+
+    data = Digits()
+    module, other = LMCModule("reference-vit-tiny", data=data.info), LMCModule("reference-vit-tiny", data=data.info)
+    calls = []
+    batches = DataLoader(Subset(data.split("val"), range(20)), batch_size=20)
+    evaluation = Evaluation(lambda batch: calls.append(1) or module.metric_sums(batch), batches, "val", {}, {})
+    options, alphas = AlignOptions(method="orthogonal"), [0.0, 0.5, 1.0]
+    aligned, report = align(other.model, module.model, "full_model", options)
+    hooks = SweepHooks(tmp_path / "state.json", naive_state_path=tmp_path / "naive.json")
+    first = measure_connectivity(module.model, other.model, "full_model", options, alphas, evaluation, hooks)
+    assert len(calls) == 6
+    calls.clear()
+    again = measure_connectivity(
+        module.model, other.model, "full_model", options, alphas, evaluation, hooks, alignment=(aligned, report)
+    )
+    assert calls == [] and again["curves"] == first["curves"]  # the same element: everything resumes
+    stale = copy.deepcopy(aligned)
+    with torch.no_grad():
+        next(stale.parameters()).add_(0.5)
+    changed = measure_connectivity(
+        module.model, other.model, "full_model", options, alphas, evaluation, hooks, alignment=(stale, report)
+    )
+    assert len(calls) == 3  # the aligned curve again, not the naive one
+    assert changed["curves"]["naive"] == first["curves"]["naive"]
+    assert changed["curves"]["aligned"] != first["curves"]["aligned"]

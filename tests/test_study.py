@@ -11,7 +11,7 @@ import yaml
 from lmc.adapters import model_spec
 from lmc.cli import main
 from lmc.experiment import lightning_cli
-from lmc.study import Family, Study, load_study
+from lmc.study import Family, Study, load_study, schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY, QUICK = "configs/study/repro.yaml", "configs/study/quick.yaml"
@@ -60,7 +60,8 @@ def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypat
     runs = {}
     monkeypatch.setattr(lmc.experiment.Experiment, "run", lambda self: runs.update({self.protocol.reinit: self}))
     monkeypatch.setattr(lmc.study, "first_layer_inputs", lambda study, family: {})
-    lmc.study.run_family(study, study.families[0])  # a Table 1 family
+    for strategy in study.strategies:
+        lmc.study.run_strategy(study, study.families[0], strategy)  # a Table 1 family
     labels = {
         strategy: lmc.experiment.alignment_labels(run.protocol.alignment_options) for strategy, run in runs.items()
     }
@@ -72,6 +73,22 @@ def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypat
         "full_model": ["full"],
     }
     assert runs["full_model"].protocol.finetune.max_epochs == runs["full_model"].protocol.pretrain.max_epochs
+
+
+def test_the_schedule_pretrains_first_then_runs_the_largest_runs_first():
+    study = load_study([STUDY])
+    tasks = schedule(study)
+    names = [task.name for task in tasks]
+    assert len(set(names)) == len(names) == len(study.families) * (1 + len(study.strategies))
+    assert names[:6] == [f"{family.name}/pretrain" for family in study.families]
+    assert names[6:8] == ["vit_rope/first_attention", "vit_ape/first_attention"]  # Table 1
+    runs = tasks[6:]
+    extras = [(task.strategy in study.methods_strategies) + (task.strategy in study.robustness) for task in runs[2:]]
+    assert extras == sorted(extras, reverse=True)  # then the runs with more to measure
+    assert tasks[-1].strategy == "all_attention"
+    # Where the pre-training and its log go: the first strategy's run folder, which every run reads.
+    assert tasks[0].log(study) == Path(study.output_dir) / "vit_ape" / "first_attention" / "log.txt"
+    assert study.pretrained(study.families[0]) == Path(study.output_dir) / "vit_ape/first_attention/pretrain/final.ckpt"
 
 
 @pytest.mark.parametrize(
@@ -106,6 +123,9 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
     args = ["repro", "--study", f'["{STUDY}", "{QUICK}", "{where}"]', "--jobs", "2"]
     main(args)
     report = (tmp_path / "r.md").read_text()
+    # The quick form's curves use 8 samples of each validation split, and the report says so.
+    assert "| `configs/study/vit_rope.yaml` | first_attention, full_model | val, first 8 of 269 samples |" in report
+    assert "| `configs/study/llama_rope.yaml` | first_attention, full_model | val, first 8 of 364 samples |" in report
     # Table 1 of the ViT family; both strategies of both families; robustness of full_model.
     table1 = report.split("## Table 1")[1].split("## Appendix K")[0]
     assert "| ViT, digits, RoPE | 1 |" in table1 and "| paper (ViT/BERT, 4 data sets) |" in table1

@@ -89,7 +89,9 @@ class GPT2Adapter(_CausalLMAdapter):
             # Conv1D is ``in x out``: c_fc's hidden units are columns, c_proj's are rows.
             hidden_axes = ((f"{p}.mlp.c_fc.weight", 1), (f"{p}.mlp.c_fc.bias", 0), (f"{p}.mlp.c_proj.weight", 0))
             owned = tuple(name for name, _ in hidden_axes) + (f"{p}.mlp.c_proj.bias",)
-            hidden_units = AxisPermutation(f"{p}.mlp", hidden, hidden_axes, readers=(f"{p}.mlp.c_proj",))
+            hidden_units = AxisPermutation(
+                f"{p}.mlp", hidden, hidden_axes, readers=(f"{p}.mlp.c_proj",), writers=(f"{p}.mlp.c_fc",)
+            )
             feed_forward = FeedForwardSpec(hidden_units, owned)
             blocks.append(BlockSpec(attention, feed_forward))
             residual += index.elementwise(f"{p}.ln_1") + index.elementwise(f"{p}.ln_2")

@@ -95,7 +95,7 @@ def linear_feed_forward(
     """An FFN of ``nn.Linear`` layers: ``inputs`` (up, and gate if gated) and ``output`` (down)."""
     axes = [axis for prefix in inputs for axis in index.linear_writes(prefix)] + index.linear_reads(output)
     owned = [parameter for parameter, _ in axes] + [p for p in [index.optional(f"{output}.bias")] if p]
-    permutation = AxisPermutation(name, hidden, tuple(axes), readers=(output,))
+    permutation = AxisPermutation(name, hidden, tuple(axes), readers=(output,), writers=inputs)
     return FeedForwardSpec(permutation, tuple(dict.fromkeys(owned)))
 
 

@@ -9,6 +9,8 @@ absolute rotation, not only the relative ones (SPEC section 2).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -142,7 +144,7 @@ def _vision_spec(
         hidden_norm = index.elementwise(f"{prefix}.mlp.norm")
         if hidden_norm:
             hidden = feed_forward.hidden
-            hidden = AxisPermutation(hidden.name, hidden.size, hidden.axes + tuple(hidden_norm), hidden.readers)
+            hidden = dataclasses.replace(hidden, axes=hidden.axes + tuple(hidden_norm))
             feed_forward = type(feed_forward)(hidden, feed_forward.parameters + tuple(p for p, _ in hidden_norm))
         blocks.append(BlockSpec(attention, feed_forward))
         residual += index.elementwise(f"{prefix}.norm1") + index.elementwise(f"{prefix}.norm2") + attention_axes

@@ -226,6 +226,15 @@ def _check_pair(source: nn.Module, target: nn.Module, scope: Scope) -> SymmetryS
 _CHUNK = 1 << 22
 
 
+def _stacked_copies(correlation: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``(size, size)`` sum of the diagonal blocks of a ``(k * size, k * size)`` correlation
+    (a fused projection's ``k`` stacked copies of the units, each copy matched with its own)."""
+    copies = correlation.shape[0] // size
+    if copies * size != correlation.shape[0]:
+        raise AlignmentError(f"a watched signal has {correlation.shape[0]} units, not a multiple of {size}")
+    return sum(correlation[c * size : (c + 1) * size, c * size : (c + 1) * size] for c in range(copies))
+
+
 def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
     return a.shape == b.shape and all(
@@ -493,7 +502,9 @@ class _Aligner:
         the target's units over the calibration tokens (one pass of both models for all of them).
 
         A unit's activations do not change under any other symmetry, so each permutation is solved
-        once, independently; the residual stream's correlations add up over every norm that reads it.
+        once, independently. Its correlations add up over every signal that carries the units: the
+        inputs of the modules that read them (the residual stream: every norm on it) and the outputs
+        of those that write them (an FFN's up and gate projections, each stacked copy alike).
         """
         start = time.perf_counter()
         permutations = {("feed_forward", i): self.spec.blocks[i].feed_forward.hidden for i in feed_forward}
@@ -503,20 +514,25 @@ class _Aligner:
                 permutations["residual", 0] = self.spec.residual
         if not permutations:
             return
-        modules = {}
-        for permutation in permutations.values():
-            if not permutation.readers:
+        modules, outputs, signals = {}, set(), {}
+        for key, permutation in permutations.items():
+            if not permutation.readers + permutation.writers:
                 raise AlignmentError(
                     f"{permutation.name}: the adapter for {type(self.working).__name__} names no module that reads "
-                    "these units, so they cannot be matched by activation; use unit_matching='weight'"
+                    "or writes these units, so they cannot be matched by activation; use unit_matching='weight'"
                 )
-            for reader in permutation.readers:
-                pair = (self.working.get_submodule(reader), self.target_model.get_submodule(reader))
-                modules[f"{permutation.name}:{reader}"] = pair
-        correlations = paired_correlations(self.working, self.target_model, modules, self.calibration)
+            named = [(f"{permutation.name} reads {m}", m) for m in permutation.readers]
+            named += [(f"{permutation.name} writes {m}", m) for m in permutation.writers]
+            for signal, module in named:
+                modules[signal] = (self.working.get_submodule(module), self.target_model.get_submodule(module))
+            outputs.update(signal for signal, _ in named[len(permutation.readers) :])
+            signals[key] = [signal for signal, _ in named]
+        correlations = paired_correlations(
+            self.working, self.target_model, modules, self.calibration, frozenset(outputs)
+        )
         perms = {}
         for key, permutation in permutations.items():
-            correlation = sum(correlations[f"{permutation.name}:{reader}"] for reader in permutation.readers)
+            correlation = sum(_stacked_copies(correlations[signal], permutation.size) for signal in signals[key])
             self.require_finite(
                 bool(torch.isfinite(correlation).all()), f"{permutation.name}: the activation correlation"
             )

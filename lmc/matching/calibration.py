@@ -131,30 +131,35 @@ def _read_paired(
     modules: Mapping[str, tuple[nn.Module, nn.Module]],
     calibration: Calibration,
     accumulate: Callable[[str, torch.Tensor, torch.Tensor], None],
+    outputs: frozenset[str] = frozenset(),
 ) -> None:
     """Run both models on every calibration batch and hand each watched input to ``accumulate``.
 
     ``accumulate(key, a, b)`` receives the source's and the target's rows of one batch, float64
-    ``(tokens, n)`` with padding tokens dropped. Both models run in eval mode (no dropout) without
-    gradients, on the batch moved to their device with floating tensors in their dtype.
+    ``(tokens, n)`` with padding tokens dropped. The keys in ``outputs`` watch their modules'
+    output instead of their first positional input. Both models run in eval mode (no dropout)
+    without gradients, on the batch moved to their device with floating tensors in their dtype.
     """
     parameter = next(source.parameters())
     device, dtype = parameter.device, parameter.dtype
     captured: dict[tuple[str, int], torch.Tensor] = {}
 
-    def hook(key: str, side: int):
-        def read(module: nn.Module, args: tuple) -> None:
-            if not args or not isinstance(args[0], torch.Tensor):
-                raise ValueError(f"{key}: the watched module received no positional tensor input")
-            if (key, side) in captured:
-                raise ValueError(f"{key}: the watched module ran twice in one forward pass")
-            captured[key, side] = args[0].detach()
+    def keep(key: str, side: int, value: object, what: str) -> None:
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{key}: the watched module's {what} is not a tensor")
+        if (key, side) in captured:
+            raise ValueError(f"{key}: the watched module ran twice in one forward pass")
+        captured[key, side] = value.detach()
 
-        return read
+    def register(key: str, side: int):
+        module = modules[key][side]
+        if key in outputs:
+            return module.register_forward_hook(lambda _, args, output: keep(key, side, output, "output"))
+        return module.register_forward_pre_hook(
+            lambda _, args: keep(key, side, args[0] if args else None, "first positional input")
+        )
 
-    handles = [
-        pair[side].register_forward_pre_hook(hook(key, side)) for key, pair in modules.items() for side in (0, 1)
-    ]
+    handles = [register(key, side) for key in modules for side in (0, 1)]
     modes = source.training, target.training
     source.eval(), target.eval()
     try:
@@ -226,8 +231,10 @@ def paired_correlations(
     target: nn.Module,
     modules: Mapping[str, tuple[nn.Module, nn.Module]],
     calibration: Calibration,
+    outputs: frozenset[str] = frozenset(),
 ) -> dict[str, torch.Tensor]:
-    """Pearson correlation of every source unit with every target unit of each watched input.
+    """Pearson correlation of every source unit with every target unit of each watched input
+    (or output, for the keys in ``outputs``).
 
     The statistic of Git Re-Basin's activation matching: ``corr[i, j]`` over the calibration
     tokens between unit ``i`` of the source's input and unit ``j`` of the target's, at the same
@@ -237,6 +244,7 @@ def paired_correlations(
 
     Args:
         source, target, modules, calibration: As :func:`paired_moments`.
+        outputs: Keys whose modules' output is read instead of their first positional input.
 
     Returns:
         Key -> ``(n, n)`` float64 correlations on the CPU.
@@ -252,7 +260,7 @@ def paired_correlations(
         sums[key] = batch if key not in sums else {k: sums[key][k] + v for k, v in batch.items()}
         tokens[key] += len(a)
 
-    _read_paired(source, target, modules, calibration, accumulate)
+    _read_paired(source, target, modules, calibration, accumulate, outputs)
     correlations = {}
     for key, sum_of in sums.items():
         count = max(tokens[key], 1)

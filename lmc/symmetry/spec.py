@@ -158,12 +158,17 @@ class AxisPermutation:
             axis, ``(B, T, size)`` or ``(B, size)``: an FFN's output projection reads its hidden
             units, the norms on the residual stream read the stream. Activation matching
             correlates these inputs; empty where the adapter names none.
+        writers: Modules whose output holds the permuted units as its last axis (``k * size``
+            long: ``k`` stacked copies): an FFN's input projections (up, and gate if gated).
+            Activation matching also correlates these outputs, since a gated unit's activation
+            (gate times up) does not tell its gate and up weights apart.
     """
 
     name: str
     size: int
     axes: tuple[tuple[str, int], ...]
     readers: tuple[str, ...] = ()
+    writers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

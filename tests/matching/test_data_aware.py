@@ -84,6 +84,14 @@ def test_activation_unit_matching_keeps_the_function_and_recovers_a_planted_elem
     assert units and all(layer.distance["permutation"] < 1e-12 for layer in units)
 
 
+def _unit_signals(source, target, hidden, data) -> torch.Tensor:
+    """The summed correlations activation matching maximizes: the readers' inputs and the writers' outputs."""
+    named = {f"reads {m}": m for m in hidden.readers} | {f"writes {m}": m for m in hidden.writers}
+    modules = {key: (source.get_submodule(m), target.get_submodule(m)) for key, m in named.items()}
+    writers = frozenset(key for key in named if key.startswith("writes"))
+    return sum(paired_correlations(source, target, modules, data, writers).values())
+
+
 def test_activation_matching_of_an_independent_pair_maximizes_the_units_correlation():
     source, target = (
         build("ref-lm-rope-half-gqa-swiglu-rms-nobias", seed=0),
@@ -91,43 +99,60 @@ def test_activation_matching_of_an_independent_pair_maximizes_the_units_correlat
     )
     data = calibration(source, batches=3)
     aligned, report = align(source, target, "full_model", ACTIVATION_UNITS, data)
-    spec = model_spec(source)
-    hidden = spec.blocks[1].feed_forward.hidden
-    modules = {
-        "before": tuple(m.get_submodule(hidden.readers[0]) for m in (source, target)),
-        "after": tuple(m.get_submodule(hidden.readers[0]) for m in (aligned, target)),
-    }
-    correlations = paired_correlations(source, target, {"before": modules["before"]}, data.take(2))["before"]
-    after = paired_correlations(aligned, target, {"after": modules["after"]}, data.take(2))["after"]
+    hidden = model_spec(source).blocks[1].feed_forward.hidden
+    # A gated unit carries three signals: gate and up (written) and their product (read).
+    assert len(hidden.readers) == 1 and len(hidden.writers) == 2
+    before = _unit_signals(source, target, hidden, data.take(2))
+    after = _unit_signals(aligned, target, hidden, data.take(2))
     # The aligned units are the source's, permuted: the permutation found is the best one.
     perm = report.transform.feed_forward[1]
-    torch.testing.assert_close(after, correlations[perm], rtol=0, atol=1e-14)
+    torch.testing.assert_close(after, before[perm], rtol=0, atol=1e-13)
     best = float(after.diagonal().sum())
-    assert best > float(correlations.diagonal().sum()) + 1.0
+    assert best > float(before.diagonal().sum()) + 1.0
     generator = torch.Generator().manual_seed(0)
     others = [float(after[torch.randperm(hidden.size, generator=generator)].diagonal().sum()) for _ in range(200)]
     assert best > max(others)
 
 
+@pytest.mark.parametrize("key", list(ARCHITECTURES))
+def test_every_ffn_names_the_modules_that_write_and_read_its_units(key):
+    model, twin = build(key), build(key)
+    hidden = model_spec(model).blocks[0].feed_forward.hidden
+    assert hidden.readers and hidden.writers
+    modules = {m: (model.get_submodule(m), twin.get_submodule(m)) for m in hidden.writers + hidden.readers}
+    correlations = paired_correlations(model, twin, modules, calibration(model), frozenset(hidden.writers))
+    for name, correlation in correlations.items():
+        # Each signal holds the units (a fused [up | gate] projection: two stacked copies); a model
+        # paired with its twin correlates 1 with itself wherever a unit varies.
+        copies = correlation.shape[0] // hidden.size
+        assert copies * hidden.size == correlation.shape[0] and copies in (1, 2), name
+        torch.testing.assert_close(correlation.diagonal(), torch.ones_like(correlation.diagonal()), atol=1e-12, rtol=0)
+
+
 def test_paired_correlations_are_pearson_correlations_over_unpadded_tokens():
     source, target = build("bert", seed=0), build("bert", seed=1)
-    reader = model_spec(source).blocks[0].feed_forward.hidden.readers[0]
-    modules = {"hidden": tuple(m.get_submodule(reader) for m in (source, target))}
+    hidden = model_spec(source).blocks[0].feed_forward.hidden
     data = calibration(source, batches=2)
-    correlation = paired_correlations(source, target, modules, data)["hidden"]
-    rows = []
-    for model in (source, target):
-        captured = []
-        handle = model.get_submodule(reader).register_forward_pre_hook(lambda module, args: captured.append(args[0]))
-        with torch.no_grad():
-            for batch in data.batches:
-                _forward(model.eval(), batch)
-        handle.remove()
-        mask = torch.cat([b["attention_mask"].reshape(-1) for b in data.batches]) != 0
-        rows.append(torch.cat([x.reshape(-1, x.shape[-1]) for x in captured])[mask])
-    n = rows[0].shape[1]
-    expected = torch.corrcoef(torch.cat(rows, dim=1).T)[:n, n:]
-    torch.testing.assert_close(correlation, expected, rtol=1e-12, atol=1e-12)
+    mask = torch.cat([b["attention_mask"].reshape(-1) for b in data.batches]) != 0
+    # The reader's input (the GELU of the hidden units) and the writer's output (before the GELU).
+    for name, output in ((hidden.readers[0], False), (hidden.writers[0], True)):
+        modules = {"units": tuple(m.get_submodule(name) for m in (source, target))}
+        correlation = paired_correlations(source, target, modules, data, frozenset(modules if output else ()))
+        rows = []
+        for model in (source, target):
+            captured, module = [], model.get_submodule(name)
+            if output:
+                handle = module.register_forward_hook(lambda module, args, out: captured.append(out))
+            else:
+                handle = module.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+            with torch.no_grad():
+                for batch in data.batches:
+                    _forward(model.eval(), batch)
+            handle.remove()
+            rows.append(torch.cat([x.reshape(-1, x.shape[-1]) for x in captured])[mask].double())
+        n = rows[0].shape[1]
+        expected = torch.corrcoef(torch.cat(rows, dim=1).T)[:n, n:]
+        torch.testing.assert_close(correlation["units"], expected, rtol=1e-12, atol=1e-12)
 
 
 def test_a_constant_unit_correlates_zero_with_every_unit():
@@ -150,10 +175,12 @@ def test_units_without_readers_are_refused_with_the_fix(monkeypatch):
     model = build("gpt2")
     spec = model_spec(model)
     blocks = list(spec.blocks)
-    hidden = dataclasses.replace(blocks[0].feed_forward.hidden, readers=())
+    hidden = dataclasses.replace(blocks[0].feed_forward.hidden, readers=(), writers=())
     blocks[0] = dataclasses.replace(blocks[0], feed_forward=dataclasses.replace(blocks[0].feed_forward, hidden=hidden))
     monkeypatch.setattr(alignment, "model_spec", lambda m: dataclasses.replace(spec, blocks=tuple(blocks)))
-    with pytest.raises(AlignmentError, match="names no module that reads these units.*unit_matching='weight'"):
+    with pytest.raises(
+        AlignmentError, match="names no module that reads or writes these units.*unit_matching='weight'"
+    ):
         align(model, build("gpt2", seed=1), "full_model", ACTIVATION_UNITS, calibration(model))
 
 
