@@ -58,9 +58,11 @@ class AlignOptions:
     units and the residual stream (``full_model``) are found: ``weight`` (Git Re-Basin's weight
     matching; under ``full_model`` by coordinate descent with the head orders) or ``activation``
     (Git Re-Basin's activation matching: each permutation maximizes the summed Pearson correlation
-    of the source's and the target's units on the calibration batches, where the residual stream is
-    read at the input of every norm on it; units of different permutations do not interact, so each
-    is solved once). Needs a calibration; the other scopes have no such units and ignore it."""
+    of the source's and the target's units on the calibration batches, over every signal that
+    carries them: an FFN's units at the output of its up and gate projections and at the input of
+    its down projection, the residual stream at the input of every norm on it; units of different
+    permutations do not interact, so each is solved once). Needs a calibration; the other scopes
+    have no such units and ignore it."""
 
     calibration_batches: int = 8
     """Calibration batches (from the training split) that data-aware settings read."""
