@@ -226,7 +226,7 @@ def first_layer_inputs(study: Study, family: Family, batches: int = 8) -> dict[s
 
 
 @dataclass(frozen=True)
-class _Task:
+class Task:
     """One unit of a study's schedule: a family's pre-training (``strategy`` ``None``) or one run."""
 
     family: Family
@@ -241,7 +241,7 @@ class _Task:
         return Path(study.output_dir) / self.family.name / (self.strategy or study.strategies[0]) / "log.txt"
 
 
-def schedule(study: Study) -> list[_Task]:
+def schedule(study: Study) -> list[Task]:
     """The study's tasks in the order they start: every pre-training, then the runs longest first.
 
     Runs are ordered by their expected size (Table 1 runs, then runs with extra alignments or the
@@ -250,16 +250,16 @@ def schedule(study: Study) -> list[_Task]:
     pre-training. The order changes only the wall time, never a number.
     """
 
-    def size(task: _Task) -> tuple[int, int, int]:
+    def size(task: Task) -> tuple[int, int, int]:
         table1 = task.family.table1 and study.table1 is not None and task.strategy == "first_attention"
         extra = (task.strategy in study.methods_strategies) + (task.strategy in study.robustness)
         return table1, extra, study.families.index(task.family)
 
-    runs = [_Task(family, strategy) for family in study.families for strategy in study.strategies]
-    return [_Task(family) for family in study.families] + sorted(runs, key=size, reverse=True)
+    runs = [Task(family, strategy) for family in study.families for strategy in study.strategies]
+    return [Task(family) for family in study.families] + sorted(runs, key=size, reverse=True)
 
 
-def _run_logged(study: Study, task: _Task) -> float:
+def _run_logged(study: Study, task: Task) -> float:
     """One task in a worker process (one thread), its output appended to its run folder's
     ``log.txt``; returns its wall time in seconds."""
     import logging
