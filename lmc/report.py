@@ -17,6 +17,8 @@ from lmc.summary import ROBUSTNESS, robustness_table
 
 #: Per family: ``lmc.study.first_layer_inputs`` of its first strategy's seed 0.
 FIRST_LAYER_INPUTS = "first_layer_inputs.json"
+#: The processor and library of the study's last run (``lmc.study.machine``).
+MACHINE = "machine.json"
 #: A naive loss barrier (nats) below which a run has no barrier to remove.
 NO_BARRIER = 0.01
 #: The matcher variants of Table 1, by their ``lmc run`` labels.
@@ -201,7 +203,9 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
     """The methods table of ``docs/results.md``, and the wall times (which vary between runs) apart."""
     labels = study.method_labels
     batches = "/".join(str(n) for n in sorted({m.calibration_batches for m in study.methods if m.data_aware}))
-    header = "| family | strategy | pairs | naive loss barrier | " + " | ".join(f"`{label}`" for label in labels)
+    header = "| family | strategy | pairs | calibration | naive loss barrier | " + " | ".join(
+        f"`{label}`" for label in labels
+    )
     lines = [
         "## Beyond the paper: data-aware and learned alignment",
         "",
@@ -212,14 +216,15 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
         "and gate projections' outputs and the down projection's input), `objective=data` fits "
         "Stage 2 to the projections' outputs on the inputs instead of to the weights, `learned` descends "
         "the interpolation loss from `full`'s element). Every method stays inside the symmetry group (the "
-        f"probe check holds). Calibration: {batches} batches of the fine-tuning half's training split; the curves "
-        f"are measured where the family table says. Target: the best method at or below {METHODS_TARGET:g} % "
+        f"probe check holds). Calibration: {batches} batches of the fine-tuning half's training split (the "
+        "`calibration` column: the split and the samples the data-aware methods read); the curves are measured "
+        f"where the family table says. Target: the best method at or below {METHODS_TARGET:g} % "
         "on average (the paper's full method: 7-12 %). The best mean of each row is in bold; "
         f"[the wall time of each alignment]({Path(study.report).with_suffix('').name}/alignment_seconds.md) "
         "is kept apart because it varies from run to run.",
         "",
         header + " | best |",
-        "|---|---|---|---|" + "---|" * (len(labels) + 1),
+        "|---|---|---|---|---|" + "---|" * (len(labels) + 1),
     ]
     times = [
         "# Wall time of each alignment (seconds)",
@@ -244,9 +249,8 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
             best = min(labels, key=lambda label: ratios[label]["mean"])
             cells = [f"**{_cell(ratios[label])}**" if label == best else _cell(ratios[label]) for label in labels]
         lines.append(
-            f"| {family.title} | {strategy} | {len(summary['pairs'])} | {_cell(naive, 3)} | "
-            + " | ".join(cells)
-            + (f" | `{best}` |" if best else " | no naive barrier |")
+            f"| {family.title} | {strategy} | {len(summary['pairs'])} | {_calibration(alignments)} "
+            f"| {_cell(naive, 3)} | " + " | ".join(cells) + (f" | `{best}` |" if best else " | no naive barrier |")
         )
         seconds = summary.get("alignment_seconds", {})
         times.append(
@@ -261,6 +265,18 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
         f"barrier (a mean naive loss barrier of at least {NO_BARRIER} nats).",
     ]
     return lines, times
+
+
+def _calibration(alignments: dict[str, Any]) -> str:
+    """The split and sample counts the data-aware alignments of a run read, e.g. ``train, 256 samples``."""
+    splits, samples = set(), set()
+    for entry in alignments.values():
+        if calibration := entry.get("calibration"):
+            splits.update(calibration["split"])
+            samples.update(calibration["num_samples"])
+    if not splits:
+        return "n/a"
+    return f"{'/'.join(sorted(splits))}, {'/'.join(str(n) for n in sorted(samples))} samples"
 
 
 def _robustness(study, summaries) -> list[str]:
@@ -374,6 +390,19 @@ def _figure(family, strategies: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(figure)
 
 
+def _machine(study) -> str:
+    """Where the numbers were computed, and that another processor computes others."""
+    path = Path(study.output_dir) / MACHINE
+    if not path.is_file():
+        return ""
+    machine = json.loads(path.read_text())
+    return (
+        f" Computed on {machine['processor']} ({machine['kernels']} kernels, torch {machine['torch']}): another "
+        "processor picks other floating-point kernels and, from the same seeds, trains other models: its numbers "
+        "differ, most within their spread over pairs (`benchmarks/results/reproducibility.md` compares two)."
+    )
+
+
 def write_report(study, sources: list[str]) -> dict[str, Any]:
     """Write ``study.report`` and its figures from the finished runs; returns the summaries read.
 
@@ -391,7 +420,10 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
         + ", ".join(f"`{source}`" for source in sources)
         + "); regenerate it with `make repro` rather than editing it. Every cell is the mean ± standard "
         "deviation over pairs of fine-tuned seeds; `curves on` names the split and the samples every "
-        "interpolation curve is measured on. Figures from the paper stand beside lmc's where it has one.",
+        "interpolation curve is measured on. Figures from the paper stand beside lmc's where it has one. "
+        "Every run computes with one thread from fixed seeds, so the same command on the same machine "
+        "prints the same numbers; the spread over pairs is the error bar, and only the alignments' wall "
+        f"times vary from run to run (kept apart).{_machine(study)}",
         "",
         "| family | experiment config | strategies run | curves on |",
         "|---|---|---|---|",
@@ -399,7 +431,8 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
     for family in study.families:
         runs = summaries.get(family.name, {})
         done = ", ".join(runs) or "none"
-        lines.append(f"| {family.title} | `{family.experiment}` | {done} | {_curve_samples(runs)} |")
+        configs = " + ".join(f"`{path}`" for path in (family.experiment, *family.configs))
+        lines.append(f"| {family.title} | {configs} | {done} | {_curve_samples(runs)} |")
     lines += ["", *_table1(study, summaries), "", *_appendix_k(study, summaries), "", *_strategies(study, summaries)]
     if study.methods and study.methods_strategies:
         methods, times = _methods(study, summaries)

@@ -28,7 +28,7 @@ from typing import Any
 
 from lmc.checkpoints import atomic_write_json
 from lmc.matching import AlignOptions
-from lmc.report import FIRST_LAYER_INPUTS, write_report
+from lmc.report import FIRST_LAYER_INPUTS, MACHINE, write_report
 from lmc.symmetry import SCOPES, Scope, check_scope
 
 #: Threads per worker: a fixed count keeps the floating-point reductions, and so the numbers, fixed.
@@ -44,12 +44,14 @@ class Family:
         title: How the report names it.
         experiment: Its ``lmc run`` experiment config (model, data, trainer, schedules).
         table1: Also score every head order and matcher variant under ``first_attention``.
+        configs: Configs added after ``experiment`` (a variant of it, e.g. another width).
     """
 
     name: str
     title: str
     experiment: str
     table1: bool = False
+    configs: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ class Study:
             raise ValueError("seeds and table1_seeds must be at least 2 (a pair of fine-tuned runs)")
         if Path(self.report).suffix != ".md":
             raise ValueError(f"study.report {self.report} must be a Markdown file (.md): it is rewritten on every run")
-        for path in [*(f.experiment for f in self.families), *self.overlays, *([self.table1] if self.table1 else [])]:
+        family_configs = [path for family in self.families for path in (family.experiment, *family.configs)]
+        for path in [*family_configs, *self.overlays, *([self.table1] if self.table1 else [])]:
             if not Path(path).is_file():
                 raise FileNotFoundError(
                     f"study config {path} does not exist (paths are relative to the working folder)"
@@ -118,7 +121,7 @@ class Study:
     def run_arguments(self, family: Family, strategy: Scope, pretrained: Path | None) -> list[str]:
         """The ``lmc run`` arguments of one strategy of one family."""
         table1 = family.table1 and self.table1 is not None and strategy == "first_attention"
-        configs = [family.experiment, *([self.table1] if table1 else []), *self.overlays]
+        configs = [family.experiment, *family.configs, *([self.table1] if table1 else []), *self.overlays]
         args = [part for config in configs for part in ("--config", config)]
         args += [
             f"--protocol.output_dir={Path(self.output_dir) / family.name / strategy}",
@@ -176,18 +179,22 @@ def run_strategy(study: Study, family: Family, strategy: Scope) -> None:
         cli = lightning_cli([*args, *overrides], run=False)
     Experiment(cli).run()
     if first:
-        inputs = first_layer_inputs(study, family)
+        inputs = first_layer_inputs(args)
         atomic_write_json(Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS, inputs)
 
 
-def first_layer_inputs(study: Study, family: Family, batches: int = 8) -> dict[str, Any]:
+def first_layer_inputs(run_arguments: list[str], batches: int = 8) -> dict[str, Any]:
     """How much of the width the first attention layer's inputs span, and how much of its Q/K/V
-    weights they reach, in seed 0 of the first strategy (a fine-tuned model of the study).
+    weights they reach, in seed 0 of a finished ``lmc run`` (a fine-tuned model).
 
     A weight-space cost counts every direction of ``W_Q, W_K, W_V``, but the function only
     depends on their action on the inputs the layer receives: with inputs confined to a subspace,
     the rest of the weights is the untouched initialization and weighs on the matcher without
     bearing on the barrier. Measured on ``batches`` training batches of the fine-tuning half.
+
+    Args:
+        run_arguments: The run's ``lmc run`` arguments (its folder holds ``seed0/final.ckpt``).
+        batches: Calibration batches.
 
     Returns:
         ``{"width", "rank", "tokens", "visible": {"query", "key", "value"}}``: the numerical rank of
@@ -203,10 +210,10 @@ def first_layer_inputs(study: Study, family: Family, batches: int = 8) -> dict[s
     from lmc.matching.calibration import paired_moments
     from lmc.symmetry import head_rows
 
-    strategy = study.strategies[0]
-    experiment = Experiment(lightning_cli(study.run_arguments(family, strategy, None), run=False))
-    folder = Path(study.output_dir) / family.name / strategy
-    stage = experiment.finetune_stage(0, folder / "pretrain" / "final.ckpt", "")
+    experiment = Experiment(lightning_cli(run_arguments, run=False))
+    folder = experiment.root
+    pretrained = experiment.protocol.pretrained or folder / "pretrain" / "final.ckpt"
+    stage = experiment.finetune_stage(0, Path(pretrained), "")
     _, module, datamodule = experiment.instantiate(stage)
     model = load_weights(module.model, folder / "seed0" / "final.ckpt").eval()
     layer = model_spec(model).attention[0]
@@ -286,12 +293,40 @@ def _run_logged(study: Study, task: Task) -> float:
     return time.perf_counter() - start
 
 
+def machine() -> dict[str, Any]:
+    """The processor and the library the numbers of this process come from.
+
+    Another processor makes torch pick other floating-point kernels (MKL's code path, ATen's vector
+    width), whose rounding training turns into other models: the same seeds then give other numbers
+    (``benchmarks/results/reproducibility.md``).
+    """
+    import platform
+
+    import torch
+
+    processor = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
+        processor = names[0] if names else processor
+    return {
+        "processor": processor,
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": THREADS,
+    }
+
+
 def run_study(study: Study, jobs: int = 2) -> dict[str, float]:
     """Run every task of :func:`schedule` (``jobs`` at a time, one thread each); returns each
-    task's wall time in seconds, also written to ``<output_dir>/times.json``."""
+    task's wall time in seconds, also written to ``<output_dir>/times.json``, and records the
+    :func:`machine` in ``<output_dir>/machine.json``."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     Path(study.output_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(study.output_dir) / MACHINE, machine())
     waiting, running, times = schedule(study), {}, {}
     pretrained: set[str] = set()
     context = get_context("spawn")  # a fresh interpreter: no state shared with the parent

@@ -133,7 +133,9 @@ def summarize_robustness(pairs: dict[tuple[int, int], dict[str, Any]]) -> dict[s
 
 def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
     """Mean and spread over pairs of every barrier and barrier ratio, per alignment, and of each
-    alignment's wall time (``alignment_seconds``: apart from the results, it varies between runs)."""
+    alignment's wall time (``alignment_seconds``: apart from the results, it varies between runs).
+    A data-aware alignment's entry also names the ``calibration`` its pairs read (splits and sample
+    counts, each listed once)."""
     summary: dict[str, Any] = {"pairs": [f"{i}_{j}" for i, j in pairs], "alignments": {}, "alignment_seconds": {}}
     for label in labels:
         results = [pair[label] for pair in pairs.values()]
@@ -155,6 +157,12 @@ def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -
         entry["mean_curves"] = {
             curve: _mean_curve([r["curves"][curve]["points"] for r in results]) for curve in ("naive", "aligned")
         }
+        calibrations = [r["settings"]["calibration"] for r in results if "calibration" in r.get("settings", {})]
+        if calibrations:  # what a data-aware alignment read: every pair's split and sample count
+            entry["calibration"] = {
+                "split": sorted({c["split"] for c in calibrations}),
+                "num_samples": sorted({c["num_samples"] for c in calibrations}),
+            }
         summary["alignments"][label] = entry
         # Apart from the results: wall time of the alignment itself (not the sweep) varies between runs.
         summary["alignment_seconds"][label] = spread([r["alignment"]["seconds"] for r in results])

@@ -292,6 +292,12 @@ def test_run_with_a_data_aware_alignment_records_its_calibration(tmp_path):
         "references"
     ].values()
     assert "calibration" not in plain["settings"] and "objective" not in plain["settings"]["options"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["alignments"]
+    assert summary["full-metric=activation-objective=data-calibration_batches=2"]["calibration"] == {
+        "split": ["train"],
+        "num_samples": [64],
+    }
+    assert "calibration" not in summary["full"]
 
 
 def test_run_with_a_learned_alignment_starts_from_full_and_never_ends_above_it(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypat
     ]
     runs = {}
     monkeypatch.setattr(lmc.experiment.Experiment, "run", lambda self: runs.update({self.protocol.reinit: self}))
-    monkeypatch.setattr(lmc.study, "first_layer_inputs", lambda study, family: {})
+    monkeypatch.setattr(lmc.study, "first_layer_inputs", lambda arguments: {})
     for strategy in study.strategies:
         lmc.study.run_strategy(study, study.families[0], strategy)  # a Table 1 family
     labels = {
@@ -108,6 +109,17 @@ def test_bad_studies_are_refused_by_name(change, message):
         dataclasses.replace(study, **change)
 
 
+def test_a_familys_configs_follow_its_experiment_config_and_must_exist(tmp_path):
+    narrow = tmp_path / "narrow.yaml"
+    narrow.write_text("model: {model_config: {pe: learned, width: 16, head_dim: 16}}\n")
+    family = Family("narrow", "ViT, width 16", "configs/study/vit_ape.yaml", configs=[str(narrow)])
+    study = Study(families=[family], strategies=["first_attention"])
+    layer = model_spec(lightning_cli(study.run_arguments(family, "first_attention", None), run=False).model.model)
+    assert {(a.width, a.num_heads, a.head_dim) for a in layer.attention} == {(16, 4, 16)}
+    with pytest.raises(FileNotFoundError, match="missing.yaml does not exist"):
+        Study(families=[dataclasses.replace(family, configs=["configs/study/missing.yaml"])])
+
+
 def test_family_names_must_be_unique():
     family = Family("vit_ape", "ViT", "configs/study/vit_ape.yaml")
     with pytest.raises(ValueError, match="unique"):
@@ -123,6 +135,8 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
     args = ["repro", "--study", f'["{STUDY}", "{QUICK}", "{where}"]', "--jobs", "2"]
     main(args)
     report = (tmp_path / "r.md").read_text()
+    machine = json.loads((tmp_path / "runs" / "machine.json").read_text())  # where the numbers come from
+    assert machine["threads"] == 1 and f" Computed on {machine['processor']} ({machine['kernels']} kernels" in report
     # The quick form's curves use 8 samples of each validation split, and the report says so.
     assert "| `configs/study/vit_rope.yaml` | first_attention, full_model | val, first 8 of 269 samples |" in report
     assert "| `configs/study/llama_rope.yaml` | first_attention, full_model | val, first 8 of 364 samples |" in report
@@ -139,7 +153,8 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
     labels = "| `full` | `full-metric=activation-objective=data-unit_matching=activation-calibration_batches=2` |"
     assert labels in methods
     for title in ("ViT, digits, RoPE", "Llama, byte LM, RoPE (GQA 4/2)"):
-        assert f"| {title} | first_attention | 1 |" in methods
+        assert f"| {title} | first_attention | 1 | train, " in methods
+    assert "| ViT, digits, RoPE | first_attention | 1 | train, 64 samples |" in methods  # 2 batches of 32
     assert "The best method is at or below 5 % in " in methods and " runs with a naive barrier" in methods
     times = (tmp_path / "r" / "alignment_seconds.md").read_text()
     assert "| ViT, digits, RoPE | first_attention | " in times

@@ -1,0 +1,34 @@
+"""benchmarks/input_rank: a study of the study's ViT recipes at narrower widths, heads unchanged."""
+
+from pathlib import Path
+
+from lmc.adapters import model_spec
+from lmc.experiment import alignment_labels, lightning_cli
+from lmc.study import load_study
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_width_study_changes_only_the_width_of_the_studys_vit_recipes(monkeypatch):
+    monkeypatch.chdir(ROOT)  # study configs name their files relative to the repository
+    study = load_study(["benchmarks/input_rank/study.yaml"])
+    repro = {family.name: family for family in load_study(["configs/study/repro.yaml"]).families}
+    shapes = {}
+    for family in study.families:
+        assert family.table1 and family.experiment == repro[family.name.rsplit("_", 1)[0]].experiment
+        cli = lightning_cli(study.run_arguments(family, "first_attention", None), run=False)
+        layers = model_spec(cli.model.model).attention
+        shapes[family.name] = {(layer.width, layer.num_heads, layer.head_dim) for layer in layers}
+        assert len(layers) == 6
+        protocol = cli.config_init.protocol
+        assert protocol.seeds == 5 and protocol.head_orders
+        labels = alignment_labels(protocol.alignment_options)
+        assert labels == ["permutation", "orthogonal", "full", "full-metric=weight", "full-metric=correlation"]
+    assert shapes == {
+        "vit_ape_w64": {(64, 4, 16)},
+        "vit_ape_w32": {(32, 4, 16)},
+        "vit_ape_w16": {(16, 4, 16)},
+        "vit_rope_w64": {(64, 4, 16)},
+        "vit_rope_w16": {(16, 4, 16)},
+    }
+    assert alignment_labels(study.methods) == ["full-objective=data", "learned"]
