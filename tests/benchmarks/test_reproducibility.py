@@ -1,0 +1,59 @@
+"""benchmarks/reproducibility: two reports' strategies tables side by side, shifts in units of the spread."""
+
+import pytest
+
+from benchmarks.reproducibility import compare, parse_cell, shift
+
+HEADER = (
+    "| family | strategy | pairs | end points | naive loss barrier | aligned loss barrier | loss ratio "
+    "| naive acc barrier | aligned acc barrier | acc ratio | aligned < naive | paper |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+)
+
+
+def _report(rows: list[str]) -> str:
+    return (
+        "# Results\n\n## The four re-initialization strategies\n\nText.\n\n"
+        + HEADER
+        + "\n".join(rows)
+        + "\n\n## Next\n"
+    )
+
+
+def _row(family: str, strategy: str, ends: str, naive: str, loss: str, accuracy: str) -> str:
+    return f"| {family} | {strategy} | 3 | {ends} | {naive} | x | {loss} | x | x | {accuracy} | 3/3 | p |"
+
+
+def test_cells_parse_and_shifts_are_in_units_of_the_larger_spread():
+    assert parse_cell("58.8 ± 15.5 %") == (58.8, 15.5) and parse_cell("n/a") is None
+    assert shift("58.8 ± 15.5 %", "75.1 ± 39.9 %") == pytest.approx(16.3 / 39.9)
+    assert shift("0.002 ± 0.004", "0.015 ± 0.001") == pytest.approx(0.013 / 0.004)
+    assert shift("1.0 ± 0.0 %", "1.0 ± 0.0 %") == 0.0 and shift("1.0 ± 0.0", "2.0 ± 0.0") == float("inf")
+    assert shift("n/a", "1.0 ± 0.1") is None
+
+
+def test_the_comparison_pairs_rows_by_family_and_strategy_and_counts_cells_within_one_spread():
+    first = _report(
+        [
+            _row("ViT", "first_attention", "0.826, 0.847", "2.065 ± 0.578", "58.8 ± 15.5 %", "58.5 ± 15.2 %"),
+            _row("BERT", "full_model", "0.480, 0.653", "0.208 ± 0.046", "181.6 ± 68.7 %", "n/a"),
+        ]
+    )
+    second = _report(
+        [
+            _row("BERT", "full_model", "0.477, 0.752", "0.408 ± 0.198", "190.1 ± 83.1 %", "9.0 ± 1.0 %"),
+            _row("ViT", "first_attention", "0.848, 0.857", "2.005 ± 0.405", "58.9 ± 14.7 %", "63.7 ± 17.1 %"),
+        ]
+    )
+    lines = compare(first, second, ("A", "B"))
+    assert lines[0].startswith("| family | strategy | end points | naive loss barrier: A | naive loss barrier: B |")
+    vit, bert = lines[2], lines[3]
+    assert vit.startswith("| ViT | first_attention | 0.826, 0.847 / 0.848, 0.857 | 2.065 ± 0.578 | 2.005 ± 0.405 |")
+    assert vit.endswith("| 0.10 | 0.01 | 0.30 |")  # 0.06 / 0.578, 0.1 / 15.5, 5.2 / 17.1
+    assert bert.endswith("| 1.01 | 0.10 | n/a |")  # 0.2 / 0.198
+    assert lines[-1] == "4 of 5 cells moved by at most one spread over pairs."
+
+
+def test_a_file_that_is_not_a_study_report_is_refused_by_name():
+    with pytest.raises(ValueError, match="no section '## The four re-initialization strategies'"):
+        compare("# Something else\n", _report([]), ("A", "B"))
