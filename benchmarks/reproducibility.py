@@ -1,17 +1,24 @@
-"""How far two runs of the study apart are: the strategies table of two ``docs/results.md`` side by side.
+"""How far two runs of the study are apart.
 
-Each cell ``mean ± std`` of the first report beside the second's, and the shift of the mean in
-units of the larger of the two spreads over pairs (the study's error bar): a shift below 1 is a
-difference the spread over pairs already covers.
+Two reports (``docs/results.md``): each cell ``mean ± std`` of the first report's strategies table
+beside the second's, and the shift of the mean in units of the larger of the two spreads over pairs
+(the study's error bar): a shift below 1 is a difference the spread over pairs already covers.
+Two run folders (``--runs``): whether every ``summary.json`` and ``first_layer_inputs.json`` of the
+first is equal to the second's, every number to the last bit (wall times and the calibration record
+aside).
 
     python -m benchmarks.reproducibility A.md B.md --names "Intel Xeon" "AMD EPYC"   # Markdown on stdout
+    python -m benchmarks.reproducibility --runs clone1/runs/repro clone2/runs/repro
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import re
 from pathlib import Path
+from typing import Any
 
 #: The strategies table's columns compared, by their header.
 COLUMNS = ("naive loss barrier", "loss ratio", "acc ratio")
@@ -68,12 +75,53 @@ def compare(first: str, second: str, names: tuple[str, str]) -> list[str]:
     return lines
 
 
+#: What varies between two runs of the same numbers: wall times, and what the summary records of them.
+_NOT_COMPARED = {"alignment_seconds", "calibration"}
+_RUN_FILES = ("summary.json", "first_layer_inputs.json")
+
+
+def differences(first: Any, second: Any, where: str = "") -> list[str]:
+    """Where two JSON values differ (floats exactly, NaN equal to NaN), keys in ``_NOT_COMPARED`` aside."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        keys = (set(first) | set(second)) - _NOT_COMPARED
+        found = [f"{where}/{key}: in one only" for key in sorted(keys - (set(first) & set(second)))]
+        for key in sorted(keys & set(first) & set(second)):
+            found += differences(first[key], second[key], f"{where}/{key}")
+        return found
+    if isinstance(first, list) and isinstance(second, list) and len(first) == len(second):
+        return [found for i, pair in enumerate(zip(first, second)) for found in differences(*pair, f"{where}[{i}]")]
+    both_nan = isinstance(first, float) and isinstance(second, float) and math.isnan(first) and math.isnan(second)
+    return (
+        [] if both_nan or (type(first) is type(second) and first == second) else [f"{where}: {first!r} != {second!r}"]
+    )
+
+
+def compare_runs(first: Path, second: Path) -> list[str]:
+    """One line per result file of ``first`` that ``second`` lacks or holds with other numbers, then a count."""
+    files = sorted(path.relative_to(first) for name in _RUN_FILES for path in first.rglob(name))
+    if not files:
+        raise ValueError(f"{first} holds no {' or '.join(_RUN_FILES)}: is it the output_dir of lmc repro?")
+    lines = []
+    for path in files:
+        if not (second / path).is_file():
+            lines.append(f"{path}: missing in {second}")
+            continue
+        found = differences(*(json.loads((root / path).read_text()) for root in (first, second)))
+        if found:
+            lines.append(f"{path}: {len(found)} differences, first {found[0]}")
+    return [*lines, f"{len(files)} files compared, {len(lines)} differ"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("reports", nargs=2, type=Path)
+    parser.add_argument("pair", nargs=2, type=Path, help="two reports, or two run folders with --runs")
     parser.add_argument("--names", nargs=2, default=("first", "second"))
+    parser.add_argument("--runs", action="store_true", help="compare two lmc repro output folders exactly")
     args = parser.parse_args()
-    print("\n".join(compare(*(path.read_text() for path in args.reports), tuple(args.names))))
+    if args.runs:
+        print("\n".join(compare_runs(*args.pair)))
+    else:
+        print("\n".join(compare(*(path.read_text() for path in args.pair), tuple(args.names))))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """benchmarks/reproducibility: two reports' strategies tables side by side, shifts in units of the spread."""
 
+import json
+
 import pytest
 
-from benchmarks.reproducibility import compare, parse_cell, shift
+from benchmarks.reproducibility import compare, compare_runs, differences, parse_cell, shift
 
 HEADER = (
     "| family | strategy | pairs | end points | naive loss barrier | aligned loss barrier | loss ratio "
@@ -57,3 +59,34 @@ def test_the_comparison_pairs_rows_by_family_and_strategy_and_counts_cells_withi
 def test_a_file_that_is_not_a_study_report_is_refused_by_name():
     with pytest.raises(ValueError, match="no section '## The four re-initialization strategies'"):
         compare("# Something else\n", _report([]), ("A", "B"))
+
+
+def _run_folder(root, summary: dict) -> None:
+    (root / "vit" / "first_attention").mkdir(parents=True)
+    (root / "vit" / "first_attention" / "summary.json").write_text(json.dumps(summary))
+    (root / "vit" / "first_layer_inputs.json").write_text(json.dumps({"rank": 22}))
+
+
+def test_run_folders_compare_every_number_exactly_but_wall_times_and_calibration(tmp_path):
+    summary = {"alignments": {"full": {"ratio": [58.8, float("nan")], "calibration": {"num_samples": [256]}}}}
+    summary["alignment_seconds"] = {"full": 0.1}
+    _run_folder(tmp_path / "a", summary)
+    moved = json.loads(json.dumps(summary))
+    moved["alignment_seconds"]["full"] = 0.2  # wall time: not a result
+    del moved["alignments"]["full"]["calibration"]  # recorded by one version of the summary only
+    _run_folder(tmp_path / "b", moved)
+    assert compare_runs(tmp_path / "a", tmp_path / "b") == ["2 files compared, 0 differ"]
+    moved["alignments"]["full"]["ratio"][0] = 58.800000000000004  # one ulp
+    (tmp_path / "b" / "vit" / "first_attention" / "summary.json").write_text(json.dumps(moved))
+    (tmp_path / "b" / "vit" / "first_layer_inputs.json").unlink()
+    assert compare_runs(tmp_path / "a", tmp_path / "b") == [
+        "vit/first_attention/summary.json: 1 differences, first /alignments/full/ratio[0]: 58.8 != 58.800000000000004",
+        f"vit/first_layer_inputs.json: missing in {tmp_path / 'b'}",
+        "2 files compared, 2 differ",
+    ]
+    assert differences({"a": 1}, {"a": 1.0}) == ["/a: 1 != 1.0"]  # an int is not a float of the same value
+
+
+def test_a_folder_without_results_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="holds no summary.json or first_layer_inputs.json"):
+        compare_runs(tmp_path, tmp_path)
