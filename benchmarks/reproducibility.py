@@ -97,11 +97,12 @@ def differences(first: Any, second: Any, where: str = "") -> list[str]:
 
 
 def compare_runs(first: Path, second: Path) -> list[str]:
-    """One line per result file of ``first`` that ``second`` lacks or holds with other numbers, then a count."""
+    """One line per result file that one folder lacks or the two hold with other numbers, then a count."""
     files = sorted(path.relative_to(first) for name in _RUN_FILES for path in first.rglob(name))
     if not files:
         raise ValueError(f"{first} holds no {' or '.join(_RUN_FILES)}: is it the output_dir of lmc repro?")
-    lines = []
+    theirs = sorted(path.relative_to(second) for name in _RUN_FILES for path in second.rglob(name))
+    lines = [f"{path}: missing in {first}" for path in theirs if not (first / path).is_file()]
     for path in files:
         if not (second / path).is_file():
             lines.append(f"{path}: missing in {second}")
@@ -109,7 +110,7 @@ def compare_runs(first: Path, second: Path) -> list[str]:
         found = differences(*(json.loads((root / path).read_text()) for root in (first, second)))
         if found:
             lines.append(f"{path}: {len(found)} differences, first {found[0]}")
-    return [*lines, f"{len(files)} files compared, {len(lines)} differ"]
+    return [*lines, f"{len(set(files) | set(theirs))} files compared, {len(lines)} differ"]
 
 
 def main() -> None:
@@ -118,10 +119,14 @@ def main() -> None:
     parser.add_argument("--names", nargs=2, default=("first", "second"))
     parser.add_argument("--runs", action="store_true", help="compare two lmc repro output folders exactly")
     args = parser.parse_args()
-    if args.runs:
-        print("\n".join(compare_runs(*args.pair)))
-    else:
-        print("\n".join(compare(*(path.read_text() for path in args.pair), tuple(args.names))))
+    try:
+        if args.runs:
+            lines = compare_runs(*args.pair)
+        else:
+            lines = compare(*(path.read_text() for path in args.pair), tuple(args.names))
+    except (OSError, ValueError) as error:  # a missing file or one that is not the study's: one line
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from benchmarks.reproducibility import compare, compare_runs, differences, parse_cell, shift
+from benchmarks.reproducibility import compare, compare_runs, differences, main, parse_cell, shift
 
 HEADER = (
     "| family | strategy | pairs | end points | naive loss barrier | aligned loss barrier | loss ratio "
@@ -90,3 +90,24 @@ def test_run_folders_compare_every_number_exactly_but_wall_times_and_calibration
 def test_a_folder_without_results_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="holds no summary.json or first_layer_inputs.json"):
         compare_runs(tmp_path, tmp_path)
+
+
+def test_a_result_file_only_the_second_folder_holds_is_named(tmp_path):
+    _run_folder(tmp_path / "a", {"alignments": {}})
+    _run_folder(tmp_path / "b", {"alignments": {}})
+    (tmp_path / "b" / "vit" / "full_model").mkdir()
+    (tmp_path / "b" / "vit" / "full_model" / "summary.json").write_text("{}")
+    assert compare_runs(tmp_path / "a", tmp_path / "b") == [
+        f"vit/full_model/summary.json: missing in {tmp_path / 'a'}",
+        "3 files compared, 1 differ",
+    ]
+
+
+@pytest.mark.parametrize("args", [["missing.md", "other.md"], ["--runs", "nowhere", "nowhere"]])
+def test_the_command_names_a_bad_input_in_one_line(monkeypatch, capsys, tmp_path, args):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["reproducibility.py", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(error.splitlines()) == 1 and args[-2] in error, error
