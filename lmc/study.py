@@ -339,7 +339,13 @@ def run_study(study: Study, jobs: int = 2) -> dict[str, float]:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 task = running.pop(future)
-                times[task.name] = future.result()
+                try:
+                    times[task.name] = future.result()
+                except SystemExit as error:  # a config the task's parser refused: its message is in the log
+                    lines = task.log(study).read_text().strip().splitlines() or ["(empty log)"]
+                    raise ValueError(
+                        f"{task.name} stopped with status {error.code}: {lines[-1].strip()} (log: {task.log(study)})"
+                    ) from None
                 if task.strategy is None:
                     pretrained.add(task.family.name)
                 print(f"{task.name}: done in {times[task.name]:.0f} s (log: {task.log(study)})")

@@ -178,3 +178,19 @@ def test_a_study_file_that_does_not_parse_is_one_line_naming_it(tmp_path, capsys
         assert exit_info.value.code == 2
         error = capsys.readouterr().err.strip()
         assert len(error.splitlines()) == 1 and error.startswith("lmc: error: study ") and message in error, error
+
+
+def test_a_task_whose_config_its_parser_refuses_is_one_line_naming_it_and_its_log(tmp_path, capsys):
+    bad = tmp_path / "bad_key.yaml"
+    bad.write_text("model: {model_konfig: {width: 16}}\n")
+    study = tmp_path / "study.yaml"
+    family = {"name": "v", "title": "V", "experiment": "configs/study/vit_ape.yaml", "configs": [str(bad)]}
+    runs = {"output_dir": str(tmp_path / "runs"), "report": str(tmp_path / "r.md")}
+    study.write_text(yaml.safe_dump({"study": {"families": [family], "strategies": ["first_attention"], **runs}}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["repro", "--study", f'["{study}"]', "--jobs", "1"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    log = tmp_path / "runs" / "v" / "first_attention" / "log.txt"
+    assert len(error.splitlines()) == 1 and error.startswith("lmc: error: v/pretrain stopped with status 2: "), error
+    assert "model_konfig" in error and str(log) in error and not (tmp_path / "r.md").exists()
