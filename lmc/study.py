@@ -24,12 +24,15 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmc.checkpoints import atomic_write_json
 from lmc.matching import AlignOptions
 from lmc.report import FIRST_LAYER_INPUTS, MACHINE, write_report
 from lmc.symmetry import SCOPES, Scope, check_scope
+
+if TYPE_CHECKING:  # lmc.experiment imports Lightning: loaded in the workers only
+    from lmc.experiment import Experiment
 
 #: Threads per worker: a fixed count keeps the floating-point reductions, and so the numbers, fixed.
 THREADS = 1
@@ -177,13 +180,14 @@ def run_strategy(study: Study, family: Family, strategy: Scope) -> None:
         overrides.append(f"--protocol.alignments={json.dumps([asdict(options) for options in alignments])}")
     if overrides:
         cli = lightning_cli([*args, *overrides], run=False)
-    Experiment(cli).run()
+    experiment = Experiment(cli)
+    experiment.run()
     if first:
-        inputs = first_layer_inputs(args)
+        inputs = first_layer_inputs(experiment)
         atomic_write_json(Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS, inputs)
 
 
-def first_layer_inputs(run_arguments: list[str], batches: int = 8) -> dict[str, Any]:
+def first_layer_inputs(experiment: Experiment, batches: int = 8) -> dict[str, Any]:
     """How much of the width the first attention layer's inputs span, and how much of its Q/K/V
     weights they reach, in seed 0 of a finished ``lmc run`` (a fine-tuned model).
 
@@ -193,7 +197,7 @@ def first_layer_inputs(run_arguments: list[str], batches: int = 8) -> dict[str, 
     bearing on the barrier. Measured on ``batches`` training batches of the fine-tuning half.
 
     Args:
-        run_arguments: The run's ``lmc run`` arguments (its folder holds ``seed0/final.ckpt``).
+        experiment: The finished run (its folder holds ``seed0/final.ckpt``).
         batches: Calibration batches.
 
     Returns:
@@ -206,11 +210,9 @@ def first_layer_inputs(run_arguments: list[str], batches: int = 8) -> dict[str, 
     from lmc.adapters import adapter_for, model_spec
     from lmc.checkpoints import load_weights
     from lmc.connectivity import training_calibration
-    from lmc.experiment import Experiment, lightning_cli
     from lmc.matching.calibration import paired_moments
     from lmc.symmetry import head_rows
 
-    experiment = Experiment(lightning_cli(run_arguments, run=False))
     folder = experiment.root
     pretrained = experiment.protocol.pretrained or folder / "pretrain" / "final.ckpt"
     stage = experiment.finetune_stage(0, Path(pretrained), "")

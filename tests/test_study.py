@@ -60,7 +60,7 @@ def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypat
     ]
     runs = {}
     monkeypatch.setattr(lmc.experiment.Experiment, "run", lambda self: runs.update({self.protocol.reinit: self}))
-    monkeypatch.setattr(lmc.study, "first_layer_inputs", lambda arguments: {})
+    monkeypatch.setattr(lmc.study, "first_layer_inputs", lambda experiment: {})
     for strategy in study.strategies:
         lmc.study.run_strategy(study, study.families[0], strategy)  # a Table 1 family
     labels = {
