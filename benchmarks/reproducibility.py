@@ -3,9 +3,9 @@
 Two reports (``docs/results.md``): each cell ``mean ± std`` of the first report's strategies table
 beside the second's, and the shift of the mean in units of the larger of the two spreads over pairs
 (the study's error bar): a shift below 1 is a difference the spread over pairs already covers.
-Two run folders (``--runs``): whether every ``summary.json`` and ``first_layer_inputs.json`` of the
-first is equal to the second's, every number to the last bit (wall times and the calibration record
-aside).
+Two run folders (``--runs``): whether they hold the same ``summary.json`` and ``first_layer_inputs.json``
+files, equal every number to the last bit (wall times, the run folder's path and
+the calibration record aside).
 
     python -m benchmarks.reproducibility A.md B.md --names "Intel Xeon" "AMD EPYC"   # Markdown on stdout
     python -m benchmarks.reproducibility --runs clone1/runs/repro clone2/runs/repro
@@ -75,8 +75,9 @@ def compare(first: str, second: str, names: tuple[str, str]) -> list[str]:
     return lines
 
 
-#: What varies between two runs of the same numbers: wall times, and what the summary records of them.
-_NOT_COMPARED = {"alignment_seconds", "calibration"}
+#: What varies between two runs of the same numbers: wall times, where the run was written, and the
+#: calibration record (written by newer summaries only).
+_NOT_COMPARED = {"alignment_seconds", "calibration", "output_dir"}
 _RUN_FILES = ("summary.json", "first_layer_inputs.json")
 
 

@@ -111,3 +111,9 @@ def test_the_command_names_a_bad_input_in_one_line(monkeypatch, capsys, tmp_path
         main()
     error = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(error.splitlines()) == 1 and args[-2] in error, error
+
+
+def test_folders_written_to_other_paths_compare_equal(tmp_path):
+    _run_folder(tmp_path / "a", {"protocol": {"output_dir": "runs/a/vit", "seeds": 5}})
+    _run_folder(tmp_path / "b", {"protocol": {"output_dir": "runs/b/vit", "seeds": 5}})
+    assert compare_runs(tmp_path / "a", tmp_path / "b") == ["2 files compared, 0 differ"]
