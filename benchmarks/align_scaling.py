@@ -74,7 +74,7 @@ def measure(name: str) -> dict:
                 parameter.normal_(0, 0.02, generator=torch.Generator().manual_seed(index))
     model_bytes = sum(p.numel() * p.element_size() for p in source.parameters())
 
-    # The Stage 1 GEMM floor: (h d_h) x d x (h d_h) in float32; and the whole Gram pass of SPEC
+    # The Stage 1 GEMM floor: (h d_h) x d x (h d_h) in float32; and the whole Gram pass of docs/spec.md
     # section 3 (cross-Grams of Q, K, V and W_O: two such GEMMs plus two of width h_kv d_h). Best of 5.
     head_dim = width // heads
 
@@ -162,15 +162,15 @@ def main() -> None:
         results.append(json.loads(run.stdout.strip().splitlines()[-1]))
         print(table(results[-1:]).splitlines()[-1], flush=True)
     sys.path.insert(0, str(Path(__file__).parents[1]))
-    from lmc.checkpoints import atomic_write_text
+    from lmc.io import atomic_write_text
 
     text = (
         "# align(): time and peak memory (all attention layers, float32, Llama-shaped pairs)\n\n"
         f"Machine: {machine()}.\n\n"
         "GEMM floor: one `(h d_h) x d x (h d_h)` float32 product, `d (h d_h)^2` multiply-adds, best of 5.\n"
         "Gram pass: the four cross-Gram GEMMs every alignment needs (Q and W_O at width `h d_h`, K and V at\n"
-        "`h_kv d_h`), SPEC section 3's floor of the whole matcher; the invariant Stage 1 cost needs all blocks\n"
-        "of the Q and W_O cross-Grams, so a layer cannot cost less than about two GEMM floors.\n"
+        "`h_kv d_h`), the floor of the whole matcher (docs/spec.md, section 3); the invariant Stage 1 cost needs all\n"
+        "blocks of the Q and W_O cross-Grams, so a layer cannot cost less than about two GEMM floors.\n"
         "Per layer: median over layers of the Gram pass, Stage 1 and Stage 2 (the report's timings).\n"
         "All layers: the whole `align` call (checks, copies, every layer, the probe).\n"
         "Peak RSS / model: the process's peak resident memory during `align` over one model's parameter bytes;\n"

@@ -1,6 +1,6 @@
 """Training-step time of the reference ViT with RoPE against learned APE (issue #7: within 1.2x).
 
-The main job's model (``lmc.demo``: ``reference-vit``, width 64, 6 layers, 4 heads, 8x8 digits in
+The main job's model (``lmc.experiments.demo``: ``reference-vit``, width 64, 6 layers, 4 heads, 8x8 digits in
 2x2 patches, batch 32), one step being forward, cross-entropy, backward and an AdamW step, on one
 thread. Every variant has its own model and optimizer in this one process and the variants take
 turns, a few steps each per round (the order shifted every round), so that load from other
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from benchmarks.align_scaling import machine  # noqa: E402
-from lmc.checkpoints import atomic_write_text  # noqa: E402
-from lmc.demo import experiment_config  # noqa: E402
+from lmc.experiments.demo import experiment_config
+from lmc.io import atomic_write_text
 from lmc.models import create_model  # noqa: E402
 from lmc.models.reference import Attention, ReferenceTransformer  # noqa: E402
 

@@ -6,7 +6,7 @@ subprocesses with ``--threads`` torch threads measures:
 
 - the Gram-pass floor: read every attention tensor of both models (``safe_open``) and form each
   layer's Gram blocks (:class:`lmc.matching.grams.LayerGrams`), nothing else;
-- ``lmc.streaming.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
+- ``lmc.formats.streamed.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
   the floor, and the peak RSS of the process (``VmHWM``, interpreter and libraries included).
 
 The Llama-3.2-1B shape is measured the same way, and at ``full_model`` with ``lmc.matching.align``
@@ -61,7 +61,7 @@ def write_pair(shape: str, workdir: Path, independent: bool) -> tuple[Path, Path
     """
     import torch
 
-    from lmc.streaming import skeleton
+    from lmc.formats.streamed import skeleton
 
     config = config_of(shape)
     folders = (workdir / f"{shape}-source", workdir / f"{shape}-target")
@@ -125,8 +125,8 @@ def peak_rss() -> int:
 def measure_floor(source: str, target: str) -> dict:
     """Read each attention layer of both models and form its Gram blocks; nothing else."""
     from lmc.adapters import model_spec
+    from lmc.formats.streamed import HFCheckpoint, skeleton
     from lmc.matching.grams import LayerGrams
-    from lmc.streaming import HFCheckpoint, skeleton
 
     spec = model_spec(skeleton(source))
     start = time.perf_counter()
@@ -138,7 +138,7 @@ def measure_floor(source: str, target: str) -> dict:
 
 
 def measure_streamed(source: str, target: str, output: str, scope: str) -> dict:
-    from lmc.streaming import align_directories
+    from lmc.formats.streamed import align_directories
 
     start = time.perf_counter()
     report = align_directories(source, target, output, scope)

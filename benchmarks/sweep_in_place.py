@@ -26,7 +26,7 @@ def _peak_rss() -> int:
 def measure(mode: str) -> dict:
     import torch
 
-    from lmc.interpolation import SweepStore, evaluate, evenly_spaced, point_metrics, sweep
+    from lmc.connectivity.interpolation import SweepStore, evaluate, evenly_spaced, point_metrics, sweep
     from lmc.models import create_model
 
     torch.manual_seed(0)
@@ -94,7 +94,7 @@ def main() -> None:
     same = max(abs(a - b) for a, b in zip(rows["in_place"]["losses"], rows["copy_per_alpha"]["losses"]))
     sys.path.insert(0, str(Path(__file__).parents[1]))
     from benchmarks.align_scaling import machine
-    from lmc.checkpoints import atomic_write_text
+    from lmc.io import atomic_write_text
 
     lines = [
         "# Interpolation sweep: in place vs one model copy per alpha",

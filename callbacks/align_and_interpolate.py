@@ -3,7 +3,7 @@
 For each reference checkpoint (another seed of the same experiment) the callback aligns the
 reference to the model just trained (:func:`lmc.matching.align`, the run's scope by default),
 then evaluates the naive and the aligned interpolation at evenly spaced alphas (25 by default)
-on the validation or test split (SPEC section 4). It logs to TensorBoard the curves (step =
+on the validation or test split (docs/spec.md, section 4). It logs to TensorBoard the curves (step =
 ``round(1000 * alpha)``), the barriers and a figure, and writes ``lmc_results.json``,
 ``lmc_results.csv`` and ``lmc_interpolation_<i>.png`` atomically next to the logs. The results
 record which run they belong to (the model's checkpoint and weight fingerprint, each
@@ -31,7 +31,7 @@ import lightning as L
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
-from lmc.checkpoints import check_output_folder, checkpoint_file, load_weights
+from lmc.checkpoints import checkpoint_file, load_weights
 from lmc.connectivity import (
     CurveSplit,
     Evaluation,
@@ -46,7 +46,8 @@ from lmc.connectivity import (
     training_calibration,
     write_results,
 )
-from lmc.interpolation import evenly_spaced
+from lmc.connectivity.interpolation import evenly_spaced
+from lmc.io import check_output_folder
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope, check_scope
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import pickle
 import re
-import secrets
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from lmc.io import atomic_write
 
 #: Prefix of the wrapped model's weights inside an :class:`~lmc.training.LMCModule` checkpoint.
 MODEL_PREFIX = "model."
@@ -20,69 +18,6 @@ MODEL_PREFIX = "model."
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable or does not fit the model."""
-
-
-class WriteError(OSError):
-    """A file lmc writes could not be written (disk full, read-only folder, a file where a folder should be)."""
-
-
-def unwritable_reason(folder: str | Path) -> str | None:
-    """Why files cannot be created in ``folder`` (or in the folders that would be made for it), else ``None``."""
-    existing = Path(folder)
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable"
-    return None
-
-
-def check_output_folder(folder: str | Path) -> Path:
-    """``folder`` if files can be written into it (it need not exist yet); else a :class:`WriteError`."""
-    reason = unwritable_reason(folder)
-    if reason is not None:
-        raise WriteError(f"cannot write into {folder}: {reason}; choose another output folder")
-    return Path(folder)
-
-
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(temporary_path)`` then move the file into place, so no reader sees half a file.
-
-    The file gets the permissions of any new file (``0o666`` less the umask), as the files
-    Lightning writes beside it do.
-
-    Raises:
-        WriteError: The file could not be written (naming ``path``, not the temporary file).
-    """
-    path = Path(path)
-    temporary, created = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"), False
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # open(2) with mode 0o666 lets the kernel apply the umask: the mode any new file gets here.
-        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        created, mode = True, os.fstat(handle).st_mode & 0o777
-        os.close(handle)
-        write(temporary)
-        os.chmod(temporary, mode)  # writers may set their own (safetensors writes 0o600)
-        os.replace(temporary, path)
-    except BaseException as error:
-        if created:
-            with contextlib.suppress(OSError):  # the writer may have removed it already
-                temporary.unlink()
-        if isinstance(error, OSError):
-            reason = unwritable_reason(path.parent) or error.strerror or str(error)
-            raise WriteError(f"cannot write {path}: {reason}") from error
-        raise
-    return path
-
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    return atomic_write(path, lambda p: p.write_text(text))
-
-
-def atomic_write_json(path: str | Path, data: object) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=2, default=float) + "\n")
 
 
 def checkpoint_file(path: str | Path) -> Path:

@@ -1,4 +1,4 @@
-"""Rotary position embedding pair layouts (Su et al. 2021, "RoFormer"; SPEC section 2).
+"""Rotary position embedding pair layouts (Su et al. 2021, "RoFormer"; docs/spec.md, section 2).
 
 The lowest layer of lmc: the models that apply RoPE and the symmetry groups that must commute
 with it read the same definition of which head coordinates rotate together.

@@ -10,15 +10,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from lmc.checkpoints import (
-    CheckpointError,
-    WriteError,
-    atomic_write,
-    atomic_write_text,
-    check_output_folder,
-    read_state_dict,
-    save_weights,
-)
+from lmc.checkpoints import CheckpointError, read_state_dict, save_weights
+from lmc.io import WriteError, atomic_write, atomic_write_text, check_output_folder
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import yaml
 
 from callbacks import AlignAndInterpolate
 from lmc.data import LMCDataModule
-from lmc.experiment import lightning_cli
+from lmc.experiments.protocol import experiment_cli
 from lmc.training import LMCModule
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -78,7 +78,7 @@ def base_checkpoint(tmp_path_factory) -> str:
     """Weights of the base experiment's model, as a pre-trained checkpoint for reinit configs."""
     import torch
 
-    cli = lightning_cli(["--config", BASE, "--config", FAST], run=False)
+    cli = experiment_cli(["--config", BASE, "--config", FAST], run=False)
     path = tmp_path_factory.mktemp("pretrained") / "base.ckpt"
     torch.save({"state_dict": cli.model.state_dict()}, path)
     return str(path)
@@ -119,7 +119,7 @@ def test_every_yaml_loads_and_composes_with_an_experiment(path, tmp_path, monkey
         assert {key.split(".")[0] for key in content} <= {"model", "data", "trainer", "seed_everything", "protocol"}
         given = ["--config", str(path)]
     extra = [f"--model.pretrained={base_checkpoint}"] if group == "reinit" else []
-    cli = lightning_cli(["--config", _base_for(path), *given, "--config", FAST, *extra], run=False)
+    cli = experiment_cli(["--config", _base_for(path), *given, "--config", FAST, *extra], run=False)
     assert isinstance(cli.model, LMCModule) and isinstance(cli.datamodule, LMCDataModule)
     if group == "data":
         assert type(cli.datamodule).__name__ == content["class_path"].rsplit(".", 1)[1]
@@ -134,7 +134,7 @@ def test_every_yaml_loads_and_composes_with_an_experiment(path, tmp_path, monkey
 def test_every_experiment_fits_a_few_steps_on_tiny_data(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     task = _task(path)
-    cli = lightning_cli(["fit", "--config", str(path), "--config", FAST, *TINY_DATA[task]])
+    cli = experiment_cli(["fit", "--config", str(path), "--config", FAST, *TINY_DATA[task]])
     assert cli.trainer.global_step == 2
     assert cli.datamodule.task == task
     assert cli.trainer.callback_metrics["train/loss"].isfinite()
@@ -143,7 +143,7 @@ def test_every_experiment_fits_a_few_steps_on_tiny_data(path, tmp_path, monkeypa
 def test_callbacks_config_instantiates_align_and_interpolate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = CONFIGS / "callbacks" / "align_and_interpolate.yaml"
-    cli = lightning_cli(["--config", BASE, "--config", str(path)], run=False)
+    cli = experiment_cli(["--config", BASE, "--config", str(path)], run=False)
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, AlignAndInterpolate)]
     assert len(callback.alphas) == 25 and callback.options.method == "full"
 
@@ -151,13 +151,13 @@ def test_callbacks_config_instantiates_align_and_interpolate(tmp_path, monkeypat
 def test_a_bad_config_value_is_reported(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):
-        lightning_cli(["--config", BASE, "--data.init_args.part=C"], run=False)
+        experiment_cli(["--config", BASE, "--data.init_args.part=C"], run=False)
     assert "part" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("path", STUDY_FILES, ids=lambda p: p.name)
 def test_every_study_loads(path, monkeypatch):
-    from lmc.study import load_study
+    from lmc.experiments.study import load_study
 
     monkeypatch.chdir(CONFIGS.parent)  # a study names its files relative to the repository
     base = [] if path.name == "repro.yaml" else [CONFIGS / STUDY / "repro.yaml"]  # overlays complete the study

@@ -23,8 +23,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from lmc.connectivity import Evaluation, SweepHooks, data_identity, measure_connectivity, training_calibration
+from lmc.connectivity.interpolation import evenly_spaced
 from lmc.data import Digits
-from lmc.interpolation import evenly_spaced
 from lmc.matching import AlignOptions
 from lmc.training.module import load_trained
 

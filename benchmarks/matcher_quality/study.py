@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from lmc.adapters import model_spec, scope_parameters
+from lmc.connectivity.interpolation import barriers, evenly_spaced
 from lmc.data import Digits
-from lmc.interpolation import barriers, evenly_spaced
 from lmc.matching import AlignOptions, stage2  # stage2: its least-squares starts are switched off once below
 from lmc.matching.grams import LayerGrams
 from lmc.matching.heads import assign_heads, head_cost, invariant_products

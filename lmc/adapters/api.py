@@ -52,7 +52,7 @@ def describe(model: nn.Module) -> list[dict[str, Any]]:
 
 
 def scope_parameters(model: nn.Module, scope: Scope, spec: SymmetrySpec | None = None) -> list[str]:
-    """Names of the parameters a scope re-initializes (SPEC section 5), in model order.
+    """Names of the parameters a scope re-initializes (docs/spec.md, section 5), in model order.
 
     ``full_model`` is every parameter but the architecture's constants (``spec.fixed``); the
     others are the attention layers' projections and biases, plus for ``first_block`` the

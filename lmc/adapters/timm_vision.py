@@ -4,7 +4,7 @@ timm fuses Q, K, V in one ``qkv`` Linear (rows ``[Q | K | V]``, head-major); EVA
 attention keeps ``q_bias``/``v_bias`` apart and has no key bias. timm's RoPE ViTs use 2-D
 axial RoPE (``RotaryEmbeddingCat``) on the patch tokens only, interleaved pairs unless
 ``rotate_half``; the class token is never rotated, which is why ``C`` must commute with every
-absolute rotation, not only the relative ones (SPEC section 2).
+absolute rotation, not only the relative ones (docs/spec.md, section 2).
 """
 
 from __future__ import annotations

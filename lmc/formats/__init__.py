@@ -2,7 +2,7 @@
 
 ``load_external(path)`` reads a ``save_pretrained`` directory or a timm checkpoint as an
 :class:`ExternalModel` (the model in its stored dtype, and how to write models back in the same
-format); ``atomic_output_folder`` writes a folder whole or not at all, never over an input;
+format);
 :mod:`lmc.formats.huggingface` exposes the directory helpers (config, shard index, stored dtype,
 tokenizer files); :func:`evaluation_data` reads the user's own evaluation data. ``transformers``
 and ``timm`` are imported only when a checkpoint of theirs is read.
@@ -16,17 +16,14 @@ from lmc.formats.external import (
     load_external,
     require_same_architecture,
 )
-from lmc.formats.folders import atomic_output_folder, overlapping_input
 
 __all__ = [
     "EvaluationData",
     "ExternalModel",
     "Format",
-    "atomic_output_folder",
     "detect_format",
     "evaluation_data",
     "load_external",
     "model_task",
-    "overlapping_input",
     "require_same_architecture",
 ]

@@ -1,6 +1,6 @@
 """``equivalent``: whether two models compute the same function up to the symmetry group.
 
-Two questions are asked and both answers reported (SPEC section 2):
+Two questions are asked and both answers reported (docs/spec.md, section 2):
 
 - *the group question*: after :func:`~lmc.matching.align` brings ``a`` next to ``b`` within the
   scope's group, does every parameter of ``a`` equal ``b``'s (relative residual per parameter
@@ -25,15 +25,10 @@ import torch
 from torch import nn
 
 from lmc.adapters import scope_parameters
-from lmc.matching.alignment import (
-    AlignmentReport,
-    _check_pair,
-    _dtype_name,
-    _identical,
-    _probe_error,
-    align,
-)
+from lmc.matching.alignment import align
+from lmc.matching.checks import check_pair, identical, probe_error
 from lmc.matching.options import AlignOptions
+from lmc.matching.results import AlignmentReport, dtype_name
 from lmc.symmetry import ModelTransform, Scope
 
 EQUIVALENCE_RTOL: dict[torch.dtype, float] = {
@@ -134,7 +129,7 @@ def _with_frozen_from(source: nn.Module, target: nn.Module, free: set[str]) -> n
     lets the scope's parameters be aligned all the same. The transform never touches them.
     """
     targets = dict(target.named_parameters())
-    differing = [n for n, p in source.named_parameters() if n not in free and not _identical(p, targets[n])]
+    differing = [n for n, p in source.named_parameters() if n not in free and not identical(p, targets[n])]
     if not differing:
         return source
     grafted = copy.deepcopy(source)
@@ -182,11 +177,11 @@ def equivalent(
     options = AlignOptions() if options is None else options
     if rtol is not None and not (isinstance(rtol, int | float) and 0 <= rtol < math.inf):
         raise ValueError(f"rtol must be None (the dtype's default) or a finite number >= 0, got {rtol!r}")
-    spec = _check_pair(a, b, "full_model")  # the scope's frozen parameters are compared below, not refused
+    spec = check_pair(a, b, "full_model")  # the scope's frozen parameters are compared below, not refused
     free = set(scope_parameters(a, scope, spec))
     aligned, report = align(_with_frozen_from(a, b, free), b, scope=scope, options=options)
     dtype = next(a.parameters()).dtype
-    default = f"{_dtype_name(dtype)} default"
+    default = f"{dtype_name(dtype)} default"
     tolerance = EquivalenceTolerance(
         weight=EQUIVALENCE_RTOL[dtype] if rtol is None else float(rtol),
         output=report.check_rtol,
@@ -207,7 +202,7 @@ def equivalent(
         part: _relative(sum(squared[n][0] for n in names) ** 0.5, sum(squared[n][1] for n in names) ** 0.5)
         for part, names in (("scope", [n for n in squared if n in free]), ("all", list(squared)))
     }
-    output_residual = _probe_error(b, a, options.probe_batch_size, options.seed, role="b")
+    output_residual = probe_error(b, a, options.probe_batch_size, options.seed, role="b")
 
     worst = max(parameter_residual, key=parameter_residual.__getitem__)
     where = "" if worst in free else f" (outside scope {scope!r}, so never aligned)"

@@ -1,4 +1,4 @@
-"""Gram blocks of one attention layer pair: everything the two-stage matcher reads (SPEC section 3).
+"""Gram blocks of one attention layer pair: everything the two-stage matcher reads (docs/spec.md, section 3).
 
 Both stages are computed from ``d_h x d_h`` blocks of four cross-Gram matrices (``W^T W'`` for
 Q, K, V and ``W_O W_O'^T``) and the diagonal blocks of the self-Grams, so after one GEMM pass

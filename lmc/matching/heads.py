@@ -1,4 +1,4 @@
-"""Stage 1 of attention alignment: head costs and the head assignment (paper Section 5; SPEC section 3).
+"""Stage 1 of attention alignment: head costs and the head assignment (paper Section 5; docs/spec.md, section 3).
 
 Stage 1 orders the heads by a linear assignment on an ``h x h`` cost between source and target
 query heads; with grouped-query attention, query heads move only with their key/value head.

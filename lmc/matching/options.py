@@ -27,7 +27,7 @@ LEARNED_FIELDS: tuple[str, ...] = ("learned_steps", "learned_lr")
 
 @dataclass(frozen=True)
 class AlignOptions:
-    """How :func:`lmc.matching.align` aligns a pair (paper Section 5; SPEC section 3)."""
+    """How :func:`lmc.matching.align` aligns a pair (paper Section 5; docs/spec.md, section 3)."""
 
     method: Method = "full"
     """Stages to run: ``naive`` (no change), ``permutation`` (Stage 1: head, FFN and residual

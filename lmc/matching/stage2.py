@@ -1,4 +1,4 @@
-"""Stage 2 of attention alignment: the per-head group elements (paper Section 5; SPEC section 3).
+"""Stage 2 of attention alignment: the per-head group elements (paper Section 5; docs/spec.md, section 3).
 
 Per matched key/value group, ``C`` (Q/K, in ``GL`` or ``H``) and ``B`` (V/O, in ``GL``): the best
 orthogonal element, then L-BFGS on the exact objective, biases included. Both problems have

@@ -1,6 +1,6 @@
 """The in-house reference Transformer: every positional encoding, GQA and both FFNs, one file.
 
-A pre-norm Transformer (SPEC section 1) that is a ViT-style image classifier, a BERT-style
+A pre-norm Transformer (docs/spec.md, section 1) that is a ViT-style image classifier, a BERT-style
 sequence classifier or a GPT-style causal language model, switched by config fields:
 
 - ``pe``: ``"none"``, ``"sinusoidal"`` (fixed buffer added to the embeddings), ``"learned"``

@@ -1,4 +1,4 @@
-"""Exact weight-space symmetries of Transformers as data and math (paper Sections 2-4; SPEC section 2).
+"""Exact weight-space symmetries of Transformers as data and math (paper Sections 2-4; docs/spec.md, section 2).
 
 Specs (:mod:`lmc.symmetry.spec`) say where each group acts and which blocks a scope covers;
 :mod:`lmc.symmetry.groups` holds ``GL`` and RoPE's ``H``; :mod:`lmc.symmetry.transforms`

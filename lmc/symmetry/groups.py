@@ -1,4 +1,4 @@
-"""The per-head matrix groups of SPEC section 2: ``GL(d_h)`` and RoPE's ``H(d_h)`` and kin.
+"""The per-head matrix groups of docs/spec.md, section 2: ``GL(d_h)`` and RoPE's ``H(d_h)`` and kin.
 
 Every group here is the set of invertible matrices in a linear subspace whose entries are
 tied (each entry is zero or ``+-`` one shared coordinate). That one description covers:
@@ -176,7 +176,7 @@ def general_linear(dim: int) -> TiedGroup:
 
 
 def rotary_commutant(head_dim: int, rotary: RotaryLayout) -> TiedGroup:
-    """The group of matrices commuting with every rotation of ``rotary`` (SPEC section 2).
+    """The group of matrices commuting with every rotation of ``rotary`` (docs/spec.md, section 2).
 
     Pairs are grouped by their angle sequences: identical sequences form one complex block
     ``GL(k, C)``; a pair with the opposite sequence joins with its two coordinates swapped

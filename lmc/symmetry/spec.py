@@ -1,10 +1,10 @@
 """Symmetry specifications: where each group acts inside a model's parameters, as plain data.
 
 A spec says *which* parameter axes a group acts on (git-re-basin's ``PermutationSpec``,
-extended to the continuous per-head groups of SPEC section 2). Adapters produce specs;
+extended to the continuous per-head groups of docs/spec.md, section 2). Adapters produce specs;
 everything else (apply, sample, invert, match) is generic code over them.
 
-Convention (SPEC section 1): a token is a row ``x`` of width ``d`` and a layer computes
+Convention (docs/spec.md, section 1): a token is a row ``x`` of width ``d`` and a layer computes
 ``x @ W``. A :class:`HeadSlot` locates the ``heads * head_dim`` entries of one projection
 inside a stored parameter, whatever its storage (``nn.Linear`` is ``out x in``, GPT-2's
 ``Conv1D`` is ``in x out``, fused ``qkv`` holds three projections one after the other).
@@ -20,7 +20,7 @@ import torch
 PositionalEncoding = Literal["none", "absolute", "rope"]
 RopeLayout = Literal["half", "interleaved", "axial"]
 Scope = Literal["first_attention", "all_attention", "first_block", "full_model"]
-"""Which part of a model is re-initialized and aligned (SPEC section 5): the first attention
+"""Which part of a model is re-initialized and aligned (docs/spec.md, section 5): the first attention
 layer, every attention layer, the first block (attention and FFN) or the whole model."""
 SCOPES: tuple[str, ...] = get_args(Scope)
 
@@ -79,7 +79,7 @@ class RotaryLayout:
 class AttentionSpec:
     """One multi-head attention layer, in the uniform per-head view.
 
-    Per head (SPEC section 1), ``W_Q, W_K, W_V`` are ``d x head_dim`` and ``W_O`` is
+    Per head (docs/spec.md, section 1), ``W_Q, W_K, W_V`` are ``d x head_dim`` and ``W_O`` is
     ``head_dim x d``. With grouped-query attention ``key``/``value`` hold ``num_kv_heads``
     heads and query head ``i`` reads KV head ``i // (num_heads // num_kv_heads)``.
 

@@ -1,4 +1,4 @@
-"""Group elements and their action on weights (SPEC section 2).
+"""Group elements and their action on weights (docs/spec.md, section 2).
 
 An attention element is ``(sigma, C_1..C_{h_kv}, B_1..B_{h_kv})``: a permutation of heads,
 then per key/value head one ``C`` on Q/K and one ``B`` on V/O. It maps

@@ -1,4 +1,4 @@
-"""Read and write the uniform per-head view of an attention layer (SPEC section 1).
+"""Read and write the uniform per-head view of an attention layer (docs/spec.md, section 1).
 
 The view is in the row-vector convention whatever the storage: per head ``W_Q, W_K, W_V``
 are ``d x head_dim`` and ``W_O`` is ``head_dim x d``.

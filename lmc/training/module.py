@@ -1,4 +1,4 @@
-"""The LightningModule of every lmc experiment (paper Section 6; SPEC section 5).
+"""The LightningModule of every lmc experiment (paper Section 6; docs/spec.md, section 5).
 
 One module covers image classification, text classification and causal language modelling
 with any supported backbone. ``reinit`` (the paper's re-initialization strategy; named so as
@@ -25,7 +25,8 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from lmc.adapters import adapter_for, scope_parameters
-from lmc.checkpoints import CheckpointError, atomic_write, load_weights, read_checkpoint
+from lmc.checkpoints import CheckpointError, load_weights, read_checkpoint
+from lmc.io import atomic_write
 from lmc.models import create_model
 from lmc.symmetry import Scope, check_scope
 from lmc.tasks import DataInfo

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from benchmarks.data_aware_ablation.report import LABELS, table
-from lmc.experiment import alignment_labels, lightning_cli
+from lmc.experiments.protocol import alignment_labels, experiment_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_ablation_config_lists_each_switch_alone_and_together(monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)  # the configs name their files relative to the repository
     args = ["--config", "configs/study/llama_rope.yaml", "--config", "benchmarks/data_aware_ablation/ablation.yaml"]
-    protocol = lightning_cli([*args, f"--protocol.output_dir={tmp_path}"], run=False).config_init.protocol
+    protocol = experiment_cli([*args, f"--protocol.output_dir={tmp_path}"], run=False).config_init.protocol
     assert alignment_labels(protocol.alignment_options) == list(LABELS)
     assert protocol.reinit == "first_block" and protocol.seeds == 5
     assert protocol.eval_samples == 182  # the study's own curve split for the LM families

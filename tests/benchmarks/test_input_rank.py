@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from lmc.adapters import model_spec
-from lmc.experiment import alignment_labels, lightning_cli
-from lmc.study import load_study
+from lmc.experiments.protocol import alignment_labels, experiment_cli
+from lmc.experiments.study import load_study
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,7 +16,7 @@ def test_the_width_study_changes_only_the_width_of_the_studys_vit_recipes(monkey
     shapes = {}
     for family in study.families:
         assert family.table1 and family.experiment == repro[family.name.rsplit("_", 1)[0]].experiment
-        cli = lightning_cli(study.run_arguments(family, "first_attention", None), run=False)
+        cli = experiment_cli(study.run_arguments(family, "first_attention", None), run=False)
         layers = model_spec(cli.model.model).attention
         shapes[family.name] = {(layer.width, layer.num_heads, layer.head_dim) for layer in layers}
         assert len(layers) == 6

@@ -16,9 +16,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
 from callbacks import AlignAndInterpolate
-from lmc.checkpoints import CheckpointError, WriteError, load_weights
+from lmc.checkpoints import CheckpointError, load_weights
 from lmc.connectivity import Evaluation, SweepHooks, data_identity, measure_connectivity
-from lmc.interpolation import barriers, evaluate, evenly_spaced, fingerprint, point_metrics
+from lmc.connectivity.interpolation import barriers, evaluate, evenly_spaced, fingerprint, point_metrics
+from lmc.io import WriteError
 from lmc.matching import AlignOptions
 from lmc.matching.options import DATA_FIELDS, LEARNED_FIELDS
 from tests.runs import CONFIG, MODEL, data, finetuned, pretrain_and_first_seed, trainer

@@ -12,7 +12,7 @@ import torch
 import lmc.data
 from lmc.adapters import adapter_for
 from lmc.data import Digits, LMCDataModule, PythonDocsLM, PythonTextKinds
-from lmc.experiment import lightning_cli
+from lmc.experiments.protocol import experiment_cli
 from lmc.models import create_model, list_models, register_model, zoo
 from lmc.tasks import TASKS, DataInfo
 from lmc.training import LMCModule
@@ -255,7 +255,7 @@ def test_cli_checkpoint_loads_with_weights_only(tmp_path, monkeypatch):
     """The CLI links ``data.info`` into ``model.data``: its checkpoints must hold plain data as well."""
     monkeypatch.chdir(tmp_path)
     experiment, fast = CONFIGS / "experiment" / "digits_vit_ape.yaml", CONFIGS / "debug" / "fast.yaml"
-    cli = lightning_cli(["fit", "--config", str(experiment), "--config", str(fast), "--trainer.max_steps=1"])
+    cli = experiment_cli(["fit", "--config", str(experiment), "--config", str(fast), "--trainer.max_steps=1"])
     path = tmp_path / "cli.ckpt"
     cli.trainer.save_checkpoint(path)
 

@@ -12,8 +12,8 @@ import torch
 from lmc.adapters import adapter_for, random_symmetry, scope_parameters
 from lmc.checkpoints import save_weights
 from lmc.cli import main
-from lmc.formats import atomic_output_folder
-from lmc.matching.alignment import PROBE_RTOL
+from lmc.io import atomic_output_folder
+from lmc.matching.results import PROBE_RTOL
 from tests.cli import fails
 from tests.formats.checkpoints import (
     FLOAT32_ATOL,

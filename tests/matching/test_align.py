@@ -309,7 +309,7 @@ def test_a_model_whose_outputs_overflow_is_refused_before_the_check():
 
 def test_an_alignment_that_is_not_a_symmetry_raises(monkeypatch):
     """The built-in probe check catches a broken transform instead of returning it."""
-    import lmc.matching.alignment as module
+    import lmc.matching.layers as module
 
     source = build("roformer")
     target = reinitialized(source, "first_attention", seed=1)

@@ -7,9 +7,9 @@ import torch
 
 from lmc.adapters import adapter_for, model_spec, random_symmetry
 from lmc.matching import AlignOptions, Calibration, align
-from lmc.matching.alignment import AlignmentError
 from lmc.matching.calibration import PairedMoment, paired_correlations, paired_moments
 from lmc.matching.grams import WEIGHT_SHARE, LayerGrams
+from lmc.matching.results import AlignmentError
 from tests.architectures import ARCHITECTURES, OUTPUT_RTOL, build
 
 DATA_AWARE = {
@@ -170,7 +170,7 @@ def test_a_constant_unit_correlates_zero_with_every_unit():
 def test_units_without_readers_are_refused_with_the_fix(monkeypatch):
     import dataclasses
 
-    import lmc.matching.alignment as alignment
+    import lmc.matching.checks as alignment
 
     model = build("gpt2")
     spec = model_spec(model)

@@ -127,7 +127,7 @@ def test_language_model_logs_bits_per_token(tmp_path):
 
 @pytest.mark.parametrize("name", ["reference-vit-tiny", "gpt2-tiny"])
 def test_logged_epoch_metrics_are_the_exact_sample_weighted_means(name, tmp_path):
-    from lmc.interpolation import evaluate, point_metrics
+    from lmc.connectivity.interpolation import evaluate, point_metrics
 
     data = BACKBONES[name](batch_size=7)  # batches of unequal size: a mean of batch means would differ
     module = LMCModule(name, data=data.info)

@@ -1,0 +1,206 @@
+"""``lmc align``: align one checkpoint to another; write the aligned model, its merges and the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lmc.cli.inputs import (
+    check_outputs,
+    checked_alphas,
+    external_pair,
+    refuse_data_aware_external,
+    required,
+    trained_scope,
+)
+from lmc.data import LMCDataModule
+from lmc.matching import AlignOptions
+from lmc.symmetry import Scope
+
+
+def align(
+    source: Path,
+    target: Path,
+    output: Path | None = None,
+    scope: Scope | None = None,
+    merge_alpha: list[float] | None = None,
+    overwrite: bool = False,
+    timm_model: str | None = None,
+    timm_args: dict[str, Any] | None = None,
+    data: LMCDataModule | None = None,
+    options: AlignOptions = AlignOptions(),
+) -> None:
+    """Align SOURCE to TARGET and write the aligned (and merged) models into OUTPUT.
+
+    Writes OUTPUT/aligned (computes SOURCE's function, weights close to TARGET's),
+    OUTPUT/report.json and, for each merge alpha a, OUTPUT/merged_<a> holding
+    (1 - a) * TARGET + a * aligned SOURCE, each in the inputs' own format: lmc checkpoints
+    (aligned.ckpt, merged_<a>.ckpt), save_pretrained directories (with the tokenizer files), or
+    timm folders (model.safetensors and config.json).
+
+    Args:
+        source: Checkpoint to transform: an lmc checkpoint, a Hugging Face model directory, a timm
+            folder, or a timm state-dict file with --timm_model.
+        target: Checkpoint to align to, of the same model and format.
+        output: Folder for the outputs (required; created; never one of the inputs).
+        scope: Symmetries to align; default: the re-initialization lmc checkpoints were fine-tuned
+            with, full_model for other formats.
+        merge_alpha: Also write the merge at each of these alphas in [0, 1].
+        overwrite: Replace outputs that already exist.
+        timm_model: The timm model name of state-dict files (timm.list_models()).
+        timm_args: timm.create_model arguments of state-dict files, e.g. '{num_classes: 10}'.
+        data: The DataModule whose training split calibrates data-aware settings (objective data,
+            metric activation, unit_matching activation, method learned; required by them only): a
+            configs/data/*.yaml file, or a class path such as lmc.data.Digits.
+        options: Alignment settings.
+    """
+    import torch
+
+    from lmc.connectivity import training_calibration
+    from lmc.io import atomic_write_json
+    from lmc.matching import align as align_models
+    from lmc.training.module import load_trained, require_same_model, save_trained
+
+    output = required(output, "--output DIR")
+    alphas = checked_alphas(merge_alpha or [])
+    if external_pair(source, target, timm_model):
+        refuse_data_aware_external(options)
+        if _streamable(source, target, timm_model, scope):
+            _align_streamed(source, target, output, scope, alphas, overwrite, options)
+            return
+        _align_external(source, target, output, scope, alphas, overwrite, timm_model, timm_args, options)
+        return
+    outputs = [output / "aligned.ckpt", output / "report.json", *(output / f"merged_{a:g}.ckpt" for a in alphas)]
+    check_outputs(outputs, inputs=[source, target], overwrite=overwrite)
+    source_module, hyperparameters = load_trained(source)
+    target_module, target_hyperparameters = load_trained(target)
+    require_same_model({source: hyperparameters, target: target_hyperparameters})
+    scope = scope or trained_scope(hyperparameters)
+    calibration = None
+    if options.data_aware:
+        data = required(data, "--data FILE_OR_CLASS (the training data that calibrates data-aware options)")
+        source_module.require_data(data)
+        calibration = training_calibration(data, source_module.model_loss, options.calibration_batches)
+    aligned, report = align_models(
+        source_module.model, target_module.model, scope=scope, options=options, calibration=calibration
+    )
+    aligned_weights = aligned.state_dict()
+    save_trained(aligned_weights, hyperparameters, outputs[0])
+    atomic_write_json(outputs[1], report.to_dict())
+    print(f"aligned {source} to {target} ({scope}, {options.method}): wrote {outputs[0]}")
+    print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
+    target_weights = target_module.model.state_dict()
+    for alpha, path in zip(alphas, outputs[2:]):
+        merged = {name: torch.lerp(target_weights[name], value, alpha) for name, value in aligned_weights.items()}
+        save_trained(merged, hyperparameters, path)
+        print(f"merged (1 - {alpha:g}) * target + {alpha:g} * aligned source: wrote {path}")
+
+
+def _streamable(source: Path, target: Path, timm_model: str | None, scope: Scope | None) -> bool:
+    """Whether ``lmc align`` streams: two Hugging Face safetensors folders at a scope that streams."""
+    from lmc.formats import detect_format
+    from lmc.formats.huggingface import weight_files
+    from lmc.formats.streamed import STREAMED_SCOPES
+
+    if scope not in STREAMED_SCOPES:
+        return False
+    folders = [path for path in (source, target) if detect_format(path, timm_model) == "huggingface"]
+    return len(folders) == 2 and all(f.suffix == ".safetensors" for path in folders for f in weight_files(path))
+
+
+def _align_streamed(
+    source: Path, target: Path, output: Path, scope: Scope, alphas: list[float], overwrite: bool, options: AlignOptions
+) -> None:
+    """``lmc align`` of two safetensors folders, layer by layer and shard by shard (lmc.formats.streamed)."""
+    from lmc.formats.streamed import align_directories
+
+    report = align_directories(source, target, output, scope, options, alphas, overwrite)
+    print(f"aligned {source} to {target} ({scope}, {options.method}, streamed): wrote {output / 'aligned'}")
+    print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
+    for alpha in alphas:
+        print(f"merged (1 - {alpha:g}) * target + {alpha:g} * aligned source: wrote {output / f'merged_{alpha:g}'}")
+
+
+def _align_external(
+    source: Path,
+    target: Path,
+    output: Path,
+    scope: Scope | None,
+    alphas: list[float],
+    overwrite: bool,
+    timm_model: str | None,
+    timm_args: dict[str, Any] | None,
+    options: AlignOptions,
+) -> None:
+    """``lmc align`` of Hugging Face or timm checkpoints: outputs in the inputs' own format, checked when read back."""
+    import copy
+
+    import torch
+
+    from lmc.formats import load_external, require_same_architecture
+    from lmc.io import atomic_output_folder, atomic_write_json
+    from lmc.matching import AlignmentError
+    from lmc.matching import align as align_models
+
+    outputs = [output / "aligned", output / "report.json", *(output / f"merged_{a:g}" for a in alphas)]
+    check_outputs(outputs, inputs=[source, target], overwrite=overwrite)
+    source_model = load_external(source, timm_model, timm_args)
+    target_model = load_external(target, timm_model, timm_args)
+    require_same_architecture(source_model, target_model)
+    scope = scope or "full_model"
+    aligned, report = align_models(source_model.model, target_model.model, scope=scope, options=options)
+    with atomic_output_folder(outputs[0], inputs=[source, target]) as folder:
+        source_model.write(aligned, folder)
+        written_error = _relative_output_error(source_model.model, source_model.reload(folder), options)
+        if not written_error <= report.check_rtol:
+            raise AlignmentError(
+                f"the aligned model written to {outputs[0]} and read back changes the source's outputs by "
+                f"{written_error:.3g} > {report.check_rtol:g} (the {report.dtype} tolerance): a bug in lmc's "
+                f"{source_model.format} writer; please report it"
+            )
+    print(f"aligned {source} to {target} ({scope}, {options.method}): wrote {outputs[0]}")
+    print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
+    target_parameters = dict(target_model.model.named_parameters())
+    compute = getattr(torch, report.compute_dtype)  # half-precision merges are rounded once, from float32
+    for alpha, path in zip(alphas, outputs[2:]):
+        merged = copy.deepcopy(target_model.model)
+        merged_parameters = dict(merged.named_parameters())
+        with torch.no_grad():
+            for name, parameter in aligned.named_parameters():
+                end_points = target_parameters[name].to(compute), parameter.to(compute)
+                merged_parameters[name].copy_(torch.lerp(*end_points, alpha))
+        with atomic_output_folder(path, inputs=[source, target]) as folder:
+            source_model.write(merged, folder)
+        del merged
+        print(f"merged (1 - {alpha:g}) * target + {alpha:g} * aligned source: wrote {path}")
+    checks = {
+        "aligned_model": {"relative_output_change": report.probe_relative_error, "rtol": report.check_rtol},
+        "written_and_read_back": {"relative_output_change": written_error, "rtol": report.check_rtol},
+    }
+    atomic_write_json(
+        outputs[1],
+        {
+            "source": str(source),
+            "target": str(target),
+            "format": source_model.format,
+            "stored_dtype": report.dtype,
+            "compute_dtype": report.compute_dtype,
+            "per_head_problem_dtype": "float64",
+            "checks": checks,
+            "outputs": {"aligned": str(outputs[0]), **{f"merged_{a:g}": str(p) for a, p in zip(alphas, outputs[2:])}},
+            "alignment": report.to_dict(),
+        },
+    )
+
+
+def _relative_output_error(reference, model, options: AlignOptions) -> float:
+    """``||f(x) - f_ref(x)|| / ||f_ref(x)||`` on the alignment's probe input (in float64)."""
+    import torch
+
+    from lmc.adapters import adapter_for
+
+    adapter = adapter_for(reference)
+    inputs = adapter.example_inputs(reference, options.probe_batch_size, torch.Generator().manual_seed(options.seed))
+    with torch.no_grad():
+        expected, found = adapter.forward(reference.eval(), inputs), adapter.forward(model.eval(), inputs)
+    return float((found - expected).double().norm() / expected.double().norm())

@@ -1,0 +1,19 @@
+"""``lmc demo``: the main job on the embedded default (offline, CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def demo(output_dir: Path = Path("runs/demo"), epochs: int | None = None) -> None:
+    """The main job: pre-train, fine-tune seeds, align and sweep on the embedded digits (offline, CPU).
+
+    Args:
+        output_dir: Where checkpoints, logs and results go.
+        epochs: Pre-training and fine-tuning epochs (default: the main job's 40 and 60).
+    """
+    from lmc.experiments import demo as main_job
+
+    if epochs is not None and epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, got {epochs}")
+    main_job.run(output_dir, epochs=epochs)

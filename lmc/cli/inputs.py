@@ -1,0 +1,92 @@
+"""What the checkpoint commands share: required flags, output guards, the checkpoints' format and scope."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from lmc.data import LMCDataModule
+from lmc.matching import AlignOptions
+
+
+def required(value: Any, flag: str) -> Any:
+    if value is None:
+        raise ValueError(f"{flag} is required")
+    return value
+
+
+def checked_alphas(alphas: list[float]) -> list[float]:
+    bad = [a for a in alphas if not (math.isfinite(a) and 0 <= a <= 1)]
+    if bad:
+        raise ValueError(f"--merge_alpha values must lie in [0, 1], got {bad}")
+    return list(dict.fromkeys(alphas))
+
+
+def check_outputs(outputs: list[Path], inputs: list[Path], overwrite: bool) -> None:
+    """Refuse outputs that would replace (or lie inside, or hold) an input, collide, or replace results without
+    ``overwrite``."""
+    from lmc.io import overlapping_input
+
+    for path in outputs:
+        clash = overlapping_input(path, inputs)
+        if clash is not None:
+            raise ValueError(f"the output {path} would replace an input ({clash}): choose another output folder")
+        if path.parent.exists() and not path.parent.is_dir():
+            raise ValueError(f"the output folder {path.parent} is a file: choose a folder")
+    existing = [str(p) for p in outputs if p.exists()]
+    if existing and not overwrite:
+        raise ValueError(f"{', '.join(existing)} already exist: pass --overwrite true to replace them")
+
+
+def load_pair(a: Path, b: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """The models of checkpoints A and B (refused unless of one model), and A's hyper-parameters."""
+    from lmc.training.module import load_trained, require_same_model
+
+    module_a, hyperparameters = load_trained(a)
+    module_b, hyperparameters_b = load_trained(b)
+    require_same_model({a: hyperparameters, b: hyperparameters_b})
+    return module_a.model, module_b.model, hyperparameters
+
+
+def trained_scope(hyperparameters: dict[str, Any]) -> str:
+    return hyperparameters.get("reinit") or "full_model"
+
+
+def external_pair(a: Path, b: Path, timm_model: str | None) -> bool:
+    """Whether A and B are Hugging Face or timm checkpoints (``False``: lmc checkpoints); mixed formats are refused."""
+    from lmc.checkpoints import CheckpointError
+    from lmc.formats import detect_format
+    from lmc.formats.external import FORMAT_NAMES
+
+    kinds = [detect_format(path, timm_model) for path in (a, b)]
+    if (kinds[0] == "lmc") != (kinds[1] == "lmc"):
+        raise CheckpointError(
+            f"{a} is {FORMAT_NAMES[kinds[0]]} but {b} is {FORMAT_NAMES[kinds[1]]}: give two checkpoints of one format"
+        )
+    return kinds[0] != "lmc"
+
+
+def refuse_data_aware_external(options: AlignOptions) -> None:
+    if options.data_aware:
+        raise ValueError(
+            f"data-aware alignment settings ({options.data_settings}) calibrate on an lmc DataModule's training "
+            "split, which Hugging Face and timm checkpoints do not have here: use the weight settings (the defaults) "
+            "for them"
+        )
+
+
+def data_module(path: Path) -> LMCDataModule:
+    """The DataModule of a ``configs/data/*.yaml`` group file."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(LMCDataModule, "data")
+    try:
+        return parser.instantiate_classes(parser.parse_args(["--data", str(path)])).data
+    except Exception as error:  # jsonargparse's ArgumentError and whatever the DataModule raises
+        first = " ".join(str(error).split()) or type(error).__name__
+        raise ValueError(
+            f"--data {path}: not a DataModule config ({first}); lmc checkpoints evaluate on a DataModule "
+            "(configs/data/*.yaml or a class path such as lmc.data.Digits)"
+        ) from error

@@ -1,0 +1,183 @@
+"""Linear interpolation between two models and its barriers (docs/spec.md, section 4).
+
+``theta(alpha) = (1 - alpha) theta_A + alpha theta_B`` is evaluated at evenly spaced alphas.
+The sweep writes each interpolated point into one model in place (no copy per alpha), keeps
+exact named sums (``{"count", "loss", "accuracy", ...}``, see ``LMCModule.metric_sums``) so
+that shards of a distributed run reduce exactly, and records finished points in a resumable file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lmc.io import atomic_write_json
+
+#: Named float64 sums over the samples (or tokens) of one batch: ``{"count": n, "loss": ..., ...}``.
+MetricSums = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+#: The metrics whose barriers are measured (every metric is swept and recorded).
+BARRIER_METRICS = ("loss", "accuracy")
+
+
+def evenly_spaced(count: int = 25) -> list[float]:
+    """``count`` alphas from 0 to 1 inclusive."""
+    if count < 2:
+        raise ValueError(f"an interpolation needs at least 2 points, got {count}")
+    return [k / (count - 1) for k in range(count)]
+
+
+def barriers(points: list[dict[str, float]]) -> dict[str, float]:
+    """The loss and accuracy barriers of one curve of ``{"alpha", "loss", "accuracy", ...}`` points.
+
+    ``loss_barrier`` and ``accuracy_barrier`` are the paper's (largest gap to the straight line
+    between the end points); ``*_barrier_rebasin`` are Git Re-Basin's (largest gap to the mean
+    of the end points).
+    """
+    a, loss, accuracy = (
+        torch.tensor([p[k] for p in points], dtype=torch.float64) for k in ("alpha", "loss", "accuracy")
+    )
+    loss_line = (1 - a) * loss[0] + a * loss[-1]
+    accuracy_line = (1 - a) * accuracy[0] + a * accuracy[-1]
+    return {
+        "loss_barrier": float((loss - loss_line).max()),
+        "accuracy_barrier": float((accuracy_line - accuracy).max()),
+        "loss_barrier_rebasin": float(loss.max() - (loss[0] + loss[-1]) / 2),
+        "accuracy_barrier_rebasin": float((accuracy[0] + accuracy[-1]) / 2 - accuracy.min()),
+    }
+
+
+@torch.no_grad()
+def evaluate(
+    metric_sums: MetricSums, batches: Iterable[dict[str, torch.Tensor]], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Each of ``metric_sums``'s sums added over ``batches``: float64 scalars on ``device``."""
+    totals: dict[str, torch.Tensor] = {}
+    for batch in batches:
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        for name, value in metric_sums(batch).items():
+            totals[name] = totals.get(name, 0) + value.double()
+    if "count" not in totals:
+        raise ValueError("nothing was evaluated: the batches are empty or the metric sums have no 'count'")
+    return totals
+
+
+def reduce_sums(
+    sums: dict[str, torch.Tensor], all_reduce: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``sums`` added over processes with one collective (stacked in sorted name order, the same on every rank)."""
+    names = sorted(sums)
+    reduced = dict(zip(names, all_reduce(torch.stack([sums[name] for name in names])).unbind()))
+    return {name: reduced[name] for name in sums}
+
+
+def point_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Every metric of a point: its sum over the samples (or tokens) divided by their ``count``."""
+    return {name: value / sums["count"] for name, value in sums.items() if name != "count"}
+
+
+def fingerprint(*tensor_lists: Iterable[torch.Tensor], extra: object = None) -> str:
+    """A short hash of the exact bytes, dtypes and shapes of tensors, and of JSON-able settings ``extra``.
+
+    Any change of a weight, including a permutation, changes it. One tensor at a time is
+    copied to the CPU, so the memory used stays that of the largest tensor.
+    """
+    digest = hashlib.sha256(json.dumps(extra, sort_keys=True, default=str).encode())
+    for tensors in tensor_lists:
+        for tensor in tensors:
+            tensor = tensor.detach().cpu().contiguous()
+            digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class SweepStore:
+    """Finished points of sweeps, persisted atomically after each point.
+
+    The file holds ``{"key": ..., "points": {curve: {alpha index: point}}}``. It is only a
+    cache: a file of another sweep (another key) is ignored, an unreadable one too (with a
+    warning naming it), and its points are evaluated again.
+    """
+
+    path: Path | None
+    key: str
+    points: dict[str, dict[str, dict[str, float]]]
+
+    @classmethod
+    def open(cls, path: str | Path | None, key: str) -> SweepStore:
+        path = None if path is None else Path(path)
+        points = {}
+        if path is not None and path.is_file():
+            try:
+                saved = json.loads(path.read_text())
+            except ValueError as error:  # a truncated or garbled file
+                warnings.warn(f"ignoring the unreadable sweep state {path} ({error}); its points are evaluated again")
+                saved = None
+            if isinstance(saved, dict) and saved.get("key") == key and isinstance(saved.get("points"), dict):
+                points = saved["points"]
+        return cls(path, key, points)
+
+    def get(self, curve: str, index: int) -> dict[str, float] | None:
+        return self.points.get(curve, {}).get(str(index))
+
+    def put(self, curve: str, index: int, point: dict[str, float], write: bool) -> None:
+        self.points.setdefault(curve, {})[str(index)] = point
+        if write and self.path is not None:
+            atomic_write_json(self.path, {"key": self.key, "points": self.points})
+
+
+@torch.no_grad()
+def sweep(
+    model: nn.Module,
+    endpoint_a: list[torch.Tensor],
+    endpoint_b: list[torch.Tensor],
+    evaluate_point: Callable[[], dict[str, torch.Tensor]],
+    alphas: list[float],
+    store: SweepStore,
+    curve: str,
+    write: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, float]]:
+    """Evaluate ``curve`` at every alpha, writing ``lerp(a, b, alpha)`` into ``model`` in place.
+
+    Args:
+        model: Receives the interpolated weights (its parameters, in ``named_parameters`` order,
+            match ``endpoint_a`` and ``endpoint_b``). Left holding ``endpoint_a`` afterwards.
+        endpoint_a, endpoint_b: The end points' parameters.
+        evaluate_point: The (reduced) metric sums of the current weights, ``count`` included.
+        alphas: Interpolation coefficients.
+        store: Finished points; those already there are not evaluated again.
+        curve: Name of the curve in ``store``.
+        write: Whether this process persists the store (rank 0 only).
+        progress: Called with a short message after each point.
+
+    Returns:
+        One ``{"alpha", <metric>: sum / count, ...}`` per alpha.
+    """
+    parameters = list(model.parameters())
+    if not (len(parameters) == len(endpoint_a) == len(endpoint_b)):
+        raise ValueError("the end points must list one tensor per model parameter")
+    points = []
+    try:
+        for index, alpha in enumerate(alphas):
+            point = store.get(curve, index)
+            if point is None:
+                for target, a, b in zip(parameters, endpoint_a, endpoint_b):
+                    target.copy_(torch.lerp(a, b, alpha))
+                sums = {name: float(value) for name, value in evaluate_point().items()}
+                point = {"alpha": alpha, **point_metrics(sums)}
+                store.put(curve, index, point, write)
+            points.append(point)
+            if progress is not None:
+                progress(f"{curve} " + " ".join(f"{name}={value:.4f}" for name, value in point.items()))
+    finally:
+        for target, a in zip(parameters, endpoint_a):
+            target.copy_(a)
+    return points

@@ -1,0 +1,297 @@
+"""Measure linear mode connectivity between a model and a reference, naive and aligned.
+
+Shared by the ``AlignAndInterpolate`` callback, ``lmc interpolate`` and the main job. A sweep
+is identified by a key over everything that changes a point (both models' exact weights, the
+scope, every alignment option, the alphas, the split, the data and the model's architecture),
+so that finished points are reused only by the very same sweep; results record that identity.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lmc.connectivity.interpolation import (
+    MetricSums,
+    SweepStore,
+    barriers,
+    evaluate,
+    fingerprint,
+    reduce_sums,
+    sweep,
+)
+from lmc.matching import AlignmentReport, AlignOptions, Calibration, align
+from lmc.matching.options import DATA_FIELDS, LEARNED_FIELDS
+
+#: Where interpolation curves are measured (never the training split).
+CurveSplit = Literal["val", "test"]
+CURVE_SPLITS: tuple[str, ...] = get_args(CurveSplit)
+CURVES = ("naive", "aligned")
+BARRIERS = ("loss_barrier", "accuracy_barrier", "loss_barrier_rebasin", "accuracy_barrier_rebasin")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How each interpolated point is evaluated, and what identifies it.
+
+    ``split``, ``data`` and ``architecture`` enter the sweep's key. The batch size and the number of
+    processes do not: they regroup the same samples, which changes a point only by
+    floating-point rounding.
+
+    Attributes:
+        metric_sums: Named float64 sums of one batch, ``count`` included
+            (:meth:`lmc.training.LMCModule.metric_sums`).
+        batches: This process's batches (its shard when distributed), iterated once per point.
+        split: The split evaluated (``"val"`` or ``"test"``).
+        data: Identity of the data: the DataModule's class and settings (:func:`data_identity`).
+        architecture: The model's construction settings (name and config): weights alone do not
+            fix the function (a rotary layout, a positional encoding).
+        all_reduce: Sums a tensor over processes (``None``: a single process).
+    """
+
+    metric_sums: MetricSums
+    batches: Iterable[dict[str, torch.Tensor]]
+    split: str
+    data: Mapping[str, Any]
+    architecture: Mapping[str, Any]
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What this evaluation contributes to a sweep's key."""
+        return {"split": self.split, "data": dict(self.data), "architecture": dict(self.architecture)}
+
+    def sums(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """The metric sums of the model's current weights over every process's batches."""
+        sums = evaluate(self.metric_sums, self.batches, device)
+        return sums if self.all_reduce is None else reduce_sums(sums, self.all_reduce)
+
+
+def check_curve_split(split: str) -> None:
+    """Refuse a split that curves are not measured on, naming the choices."""
+    if split not in CURVE_SPLITS:
+        raise ValueError(f"unknown split {split!r} for interpolation curves; choose one of {', '.join(CURVE_SPLITS)}")
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class SweepHooks:
+    """Persistence and coordination of a sweep between processes.
+
+    Attributes:
+        state_path: Resumable record of finished points (``None``: not persisted).
+        naive_state_path: A separate record for the naive curve, which does not depend on the
+            scope or the alignment options: sweeps of one pair with several alignments that
+            share it evaluate the naive curve once (``None``: kept in ``state_path``).
+        write: Whether this process writes the records (rank 0 only).
+        barrier: Waits for every process; called after each has read the state, before it changes.
+        progress: Called with a short message after each point.
+    """
+
+    state_path: Path | None = None
+    naive_state_path: Path | None = None
+    write: bool = True
+    barrier: Callable[[], None] = _nothing
+    progress: Callable[[str], None] | None = None
+
+
+def data_identity(datamodule: object) -> dict[str, Any]:
+    """A DataModule's class and the constructor settings it keeps, but the batch size and workers.
+
+    Two DataModules of the same class and settings give the same samples in every split.
+    """
+    kind = type(datamodule)
+    names = inspect.signature(kind.__init__).parameters
+    settings = {
+        name: getattr(datamodule, name)
+        for name in names
+        if name not in ("self", "batch_size", "num_workers") and hasattr(datamodule, name)
+    }
+    return {"class": f"{kind.__module__}.{kind.__qualname__}", **settings}
+
+
+CALIBRATION_SPLIT = "train"
+"""Where data-aware alignment reads its calibration batches: the training split, never a curve split."""
+
+
+def training_calibration(
+    datamodule: Any,
+    forward: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor],
+    batches: int,
+    seed: int = 0,
+) -> Calibration:
+    """The first ``batches`` batches of a seeded shuffle of a DataModule's training split.
+
+    Args:
+        datamodule: An :class:`~lmc.data.LMCDataModule` (its ``part`` picks the half: a fine-tuned
+            pair calibrates on the fine-tuning half ``B``); batches of its ``batch_size``.
+        forward: Runs a model on a batch and returns its loss (``LMCModule.model_loss``).
+        batches: How many batches (``AlignOptions.calibration_batches``).
+        seed: Seed of the shuffle (recorded in the calibration's identity).
+
+    Raises:
+        ValueError: The training split holds fewer batches.
+    """
+    dataset = datamodule.split(CALIBRATION_SPLIT)
+    loader = DataLoader(
+        dataset, batch_size=datamodule.batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
+    chosen = list(itertools.islice(loader, batches))
+    if len(chosen) < batches:
+        raise ValueError(
+            f"calibration_batches={batches} but the training split holds {len(chosen)} batches of "
+            f"{datamodule.batch_size}: lower calibration_batches"
+        )
+    identity = {**data_identity(datamodule), "batch_size": datamodule.batch_size, "shuffle_seed": seed}
+    return Calibration(chosen, forward, CALIBRATION_SPLIT, sum(len(b["inputs"]) for b in chosen), identity)
+
+
+def sweep_settings(
+    scope: str,
+    options: AlignOptions,
+    alphas: list[float],
+    evaluation: Evaluation,
+    calibration: Calibration | None = None,
+) -> dict[str, Any]:
+    """Every setting that changes a point of a sweep, besides the two models' weights (as JSON values).
+
+    Data-aware options add the calibration's identity (split, samples, data) of the batches they
+    read; weight-only options leave out the calibration settings, which do not change them, and
+    methods other than ``learned`` its settings.
+    """
+    chosen = asdict(options)
+    settings = {"scope": scope, "options": chosen, "alphas": list(alphas), **evaluation.identity()}
+    if options.data_aware:
+        if calibration is None:
+            raise ValueError("data-aware alignment options need a calibration (see training_calibration)")
+        settings["calibration"] = calibration.take(options.calibration_batches).identity()
+    else:
+        for name in DATA_FIELDS:
+            del chosen[name]
+    if options.method != "learned":
+        for name in LEARNED_FIELDS:
+            del chosen[name]
+    return json.loads(json.dumps(settings, default=str))
+
+
+def measure_connectivity(
+    model: nn.Module,
+    reference: nn.Module,
+    scope: str,
+    options: AlignOptions,
+    alphas: list[float],
+    evaluation: Evaluation,
+    hooks: SweepHooks = SweepHooks(),
+    calibration: Calibration | None = None,
+    alignment: tuple[nn.Module, AlignmentReport] | None = None,
+) -> dict[str, Any]:
+    """Align ``reference`` to ``model``, then sweep the naive and the aligned interpolation.
+
+    Args:
+        model: End point A; receives the interpolated weights during the sweep and ends with its own.
+        reference: End point B before alignment (never modified).
+        scope: Alignment scope (see :func:`lmc.matching.align`).
+        options: Passed unchanged to :func:`lmc.matching.align`.
+        alphas: Interpolation coefficients.
+        evaluation: How every point is evaluated.
+        hooks: Where finished points persist, and the coordination between processes.
+        calibration: The batches data-aware options read (:func:`training_calibration`); never
+            from the split the curves are measured on.
+        alignment: ``align(reference, model, scope, options, calibration)``'s result when the caller
+            already has it (to use the aligned model elsewhere too): used instead of aligning again.
+
+    Returns:
+        ``{"model_fingerprint", "reference_fingerprint", "settings", "key", "curves": {curve:
+        {"points": [...], <barriers>}}, "barrier_ratio": {...}, "alignment": {...}}``; ``key``
+        identifies the sweep (weights and settings).
+    """
+    if calibration is not None and calibration.split == evaluation.split:
+        raise ValueError(
+            f"the calibration batches come from the {calibration.split!r} split the curves are measured on: "
+            f"calibrate on the training split ({CALIBRATION_SPLIT!r})"
+        )
+    settings = sweep_settings(scope, options, alphas, evaluation, calibration)
+    if alignment is None:
+        alignment = align(reference, model, scope, options=options, calibration=calibration)
+    aligned, report = alignment
+    if report.scope != scope or report.options != options:
+        raise ValueError(
+            f"the alignment passed was made with scope {report.scope!r} and {report.options}, not with the "
+            f"sweep's scope {scope!r} and {options}: pass the alignment of the sweep's settings"
+        )
+    endpoint_a = [p.detach().clone() for p in model.parameters()]
+    endpoints = {"naive": list(reference.parameters()), "aligned": list(aligned.parameters())}
+    identity = {
+        "model_fingerprint": fingerprint(endpoint_a),
+        "reference_fingerprint": fingerprint(endpoints["naive"]),
+        "settings": settings,
+    }
+    # The aligned model itself is part of the aligned curve's key: a matcher that changed since a
+    # killed sweep (same options, another element) never resumes its stale points.
+    key = fingerprint(extra={**identity, "aligned_fingerprint": fingerprint(endpoints["aligned"])})
+    stores = {"aligned": SweepStore.open(hooks.state_path, key)}
+    if hooks.naive_state_path is None:
+        stores["naive"] = stores["aligned"]
+    else:  # the naive curve's own identity: the two models, the alphas and the evaluation
+        naive = {
+            **identity,
+            "settings": {k: v for k, v in identity["settings"].items() if k not in ("scope", "options", "calibration")},
+        }
+        stores["naive"] = SweepStore.open(hooks.naive_state_path, fingerprint(extra=naive))
+    hooks.barrier()
+    device = endpoint_a[0].device
+    curves = {}
+    for curve in CURVES:
+        points = sweep(
+            model,
+            endpoint_a,
+            endpoints[curve],
+            lambda: evaluation.sums(device),
+            alphas,
+            stores[curve],
+            curve,
+            hooks.write,
+            hooks.progress,
+        )
+        curves[curve] = {"points": points, **barriers(points)}
+    return {
+        **identity,
+        "key": key,
+        "curves": curves,
+        "barrier_ratio": barrier_ratios(curves),
+        "alignment": report.to_dict(),
+    }
+
+
+def barrier_ratios(curves: dict[str, Any]) -> dict[str, float]:
+    """Aligned barrier as a percentage of the naive one (docs/spec.md, section 4); NaN without a naive barrier."""
+    ratios = {}
+    for name in ("loss_barrier", "accuracy_barrier"):
+        naive = curves["naive"][name]
+        ratios[name] = 100.0 * curves["aligned"][name] / naive if naive > 0 else float("nan")
+    return ratios
+
+
+def with_perplexity(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` (of :func:`measure_connectivity`) with each point's ``perplexity = exp(loss)``.
+
+    For language models, where ``loss`` is the mean cross-entropy per token. Perplexity is not a
+    summed metric: it is derived from the point's mean loss where results are reported.
+    """
+    curves = {
+        curve: {**data, "points": [{**p, "perplexity": math.exp(p["loss"])} for p in data["points"]]}
+        for curve, data in result["curves"].items()
+    }
+    return {**result, "curves": curves}

@@ -1,0 +1,124 @@
+"""The settings of ``lmc run``: the paper's protocol (:class:`Protocol`) and its training schedules.
+
+The ``protocol`` group of an experiment config (``configs/protocol/*.yaml``); ``lmc fit`` and the
+other single steps ignore it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from lmc.connectivity import CurveSplit, check_curve_split
+from lmc.matching import AlignOptions
+from lmc.symmetry import Scope
+
+
+class RunError(ValueError):
+    """A run folder or protocol that cannot be used as asked; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Length and learning rate of one training phase.
+
+    Attributes:
+        max_epochs: Epochs of this phase (``None``: the experiment's ``trainer.max_epochs``).
+        lr: AdamW learning rate of this phase (``None``: the experiment's ``model.lr``).
+    """
+
+    max_epochs: int | None = None
+    lr: float | None = None
+
+    def __post_init__(self):
+        if self.max_epochs is not None and self.max_epochs < 1:
+            raise ValueError(f"max_epochs must be at least 1, got {self.max_epochs}")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The paper's protocol, run by ``lmc run`` (``lmc fit`` and the other single steps ignore it).
+
+    Attributes:
+        output_dir: The run folder (checkpoints, sweeps, logs, summary).
+        reinit: The re-initialization strategy of the fine-tuning runs.
+        seeds: Fine-tuned seeds (``0 .. seeds - 1``); every pair of them is aligned and swept.
+        pretrained: A pre-trained checkpoint to start from instead of pre-training.
+        pretrain: Schedule of the pre-training on half A.
+        finetune: Schedule of each fine-tuning run on half B.
+        alignments: Alignment settings to compare, each giving one aligned curve per pair
+            (``None``: the default :class:`~lmc.matching.AlignOptions`, the full method).
+            Data-aware settings calibrate on the first ``calibration_batches`` batches of a
+            seeded shuffle of the fine-tuning half B's training split.
+        num_alphas: Points on each interpolation curve.
+        split: Where the curves are measured.
+        eval_batch_size: Evaluation batch size (``None``: the DataModule's).
+        eval_samples: Measure the curves on the first this many samples of ``split`` only
+            (``None``: all of it); for smoke runs of a whole study.
+        head_orders: Also align every pair with each order of the first attention layer's heads,
+            each followed by the full Stage 2, to rank the order each alignment picks and report
+            ``L_hat`` (the paper's Table 1; ``h!`` more sweeps per pair, at most 6 heads).
+        robustness: Also measure the accuracy of both end points, the naive midpoint and each
+            alignment's aligned midpoint on clean and corrupted data, three severities per
+            corruption (paper Appendix L; :mod:`lmc.connectivity.robustness`): ``pairs/<i>_<j>/robustness.json``
+            and a section of the summary.
+        overwrite: Recompute stages whose folder holds results of another configuration.
+    """
+
+    output_dir: str = "runs/experiment"
+    reinit: Scope = "first_attention"
+    seeds: int = 3
+    pretrained: str | None = None
+    pretrain: Schedule = field(default_factory=Schedule)
+    finetune: Schedule = field(default_factory=Schedule)
+    alignments: list[AlignOptions] | None = None
+    num_alphas: int = 25
+    split: CurveSplit = "val"
+    eval_batch_size: int | None = None
+    eval_samples: int | None = None
+    head_orders: bool = False
+    robustness: bool = False
+    overwrite: bool = False
+
+    def __post_init__(self):
+        if self.seeds < 2:
+            raise ValueError(f"protocol.seeds must be at least 2 (a pair of fine-tuned runs), got {self.seeds}")
+        if self.num_alphas < 2:
+            raise ValueError(f"protocol.num_alphas must be at least 2, got {self.num_alphas}")
+        if self.alignments is not None and not self.alignments:
+            raise ValueError("protocol.alignments is empty: list at least one, e.g. [{method: full}]")
+        labels = alignment_labels(self.alignment_options)
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"protocol.alignments lists the same settings twice: {labels}")
+        check_curve_split(self.split)
+        if self.eval_batch_size is not None and self.eval_batch_size < 1:
+            raise ValueError(f"protocol.eval_batch_size must be positive, got {self.eval_batch_size}")
+        if self.eval_samples is not None and self.eval_samples < 1:
+            raise ValueError(f"protocol.eval_samples must be positive, got {self.eval_samples}")
+
+    @property
+    def alignment_options(self) -> list[AlignOptions]:
+        return self.alignments if self.alignments is not None else [AlignOptions()]
+
+
+def alignment_labels(alignments: list[AlignOptions]) -> list[str]:
+    """Short names of alignment settings: the method, plus every field that differs from the defaults."""
+    default = asdict(AlignOptions())
+    labels = []
+    for options in alignments:
+        changed = [f"{k}={v}" for k, v in asdict(options).items() if k != "method" and v != default[k]]
+        labels.append("-".join([options.method, *changed]))
+    return labels
+
+
+def experiment_cli(args: list[str] | None = None, run: bool = True):
+    """The LightningCLI of an experiment config: :func:`~lmc.training.cli.lightning_cli` with the ``protocol`` group.
+
+    ``lmc run`` parses with ``run=False``; ``lmc fit`` and the other single steps run a subcommand
+    and ignore the protocol.
+    """
+    from lmc.training.cli import lightning_cli
+
+    return lightning_cli(args, run, {"protocol": Protocol}, "lmc run: the paper's protocol from one experiment config.")

@@ -1,0 +1,302 @@
+"""``lmc run``: the paper's protocol end to end from one experiment config (paper Section 6).
+
+1. pre-train on half A of the training split (or reuse ``protocol.pretrained``);
+2. fine-tune ``protocol.seeds`` seeds on half B, re-initializing ``protocol.reinit`` and freezing
+   everything else (:class:`~lmc.training.LMCModule`);
+3. for every pair of seeds ``i < j`` and every listed alignment, align seed ``i`` to seed ``j``
+   and sweep the naive and the aligned interpolation (25 points by default);
+4. summarize every barrier and barrier ratio over the pairs (mean, spread, extremes).
+
+A run folder holds everything, so a rerun after a kill skips finished fits and finished sweep
+points and ends with identical results::
+
+    <output_dir>/
+      pretrain/final.ckpt, seed<k>/final.ckpt   each with stage.json (its configuration key)
+      pairs/<i>_<j>/<alignment>/                 lmc_results.{json,csv}, figure, sweep state
+      pairs/<i>_<j>/robustness.json              with protocol.robustness: accuracy under corruptions
+      tensorboard/                               training logs; lmc/ holds the curves
+      summary.{json,csv,md}, summary_<alignment>.png
+
+A stage folder made with another configuration is never reused: the run stops and names it
+(``protocol.overwrite`` recomputes it and everything after it).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from lmc.adapters import model_spec
+from lmc.checkpoints import load_weights
+from lmc.connectivity import (
+    Evaluation,
+    SweepHooks,
+    data_identity,
+    measure_connectivity,
+    run_record,
+    training_calibration,
+    write_results,
+)
+from lmc.connectivity.interpolation import evenly_spaced
+from lmc.connectivity.robustness import midpoint_robustness
+from lmc.experiments.protocol import Protocol, RunError, Schedule, alignment_labels, experiment_cli
+from lmc.experiments.summary import (
+    ROBUSTNESS,
+    log_curves,
+    summarize,
+    summarize_robustness,
+    write_summary,
+)
+from lmc.experiments.table1 import HEAD_ORDERS, head_orders, summarize_head_orders, sweep_head_orders
+from lmc.io import atomic_write, atomic_write_json
+from lmc.matching import AlignOptions, align
+
+log = logging.getLogger(__name__)
+
+#: Trainer settings that change how a run looks, not what it computes: not part of a stage's key.
+_COSMETIC = {"logger", "enable_progress_bar", "enable_model_summary", "log_every_n_steps", "callbacks"}
+#: Callbacks that ``lmc run`` replaces by its own checkpointing and sweeps.
+_REPLACED_CALLBACKS = ("ModelCheckpoint", "AlignAndInterpolate")
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Stage:
+    """One training run of the protocol: its folder, configuration and upstream."""
+
+    name: str
+    config: Any  # the jsonargparse namespace of this stage
+    key: str
+
+    def folder(self, root: Path) -> Path:
+        return root / self.name
+
+    def checkpoint(self, root: Path) -> Path:
+        return self.folder(root) / "final.ckpt"
+
+
+class Experiment:
+    """Runs :class:`Protocol` for one parsed experiment configuration.
+
+    Args:
+        cli: A LightningCLI (``run=False``) holding the parsed experiment config and its parser.
+    """
+
+    def __init__(self, cli):
+        self.parser, self.config = cli.parser, cli.config
+        self.protocol: Protocol = cli.config_init.protocol
+        self.root = Path(self.protocol.output_dir)
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def _stage_config(self, name: str, overrides: dict[str, Any], schedule: Schedule):
+        config = copy.deepcopy(self.config)
+        for dotted, value in overrides.items():
+            config[dotted] = value
+        if schedule.max_epochs is not None:
+            config["trainer.max_epochs"] = schedule.max_epochs
+        if schedule.lr is not None:
+            config["model.lr"] = schedule.lr
+        config["trainer.logger"] = {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": str(self.root / "tensorboard"), "name": name, "version": ""},
+        }
+        callbacks = config.get("trainer.callbacks") or []
+        config["trainer.callbacks"] = [
+            c for c in callbacks if str(c.class_path).rsplit(".", 1)[-1] not in _REPLACED_CALLBACKS
+        ]
+        config["trainer.enable_checkpointing"] = False
+        return config
+
+    def _key_of(self, config, upstream: str) -> str:
+        trainer = {k: v for k, v in config.trainer.as_dict().items() if k not in _COSMETIC}
+        return _key(config.model.as_dict(), config.data.as_dict(), trainer, config.seed_everything, upstream)
+
+    def pretrain_stage(self) -> _Stage:
+        config = self._stage_config(
+            "pretrain", {"model.reinit": None, "data.init_args.part": "A"}, self.protocol.pretrain
+        )
+        return _Stage("pretrain", config, self._key_of(config, ""))
+
+    def finetune_stage(self, seed: int, pretrained: Path, upstream: str) -> _Stage:
+        base_seed = self.config.seed_everything if isinstance(self.config.seed_everything, int) else 0
+        overrides = {
+            "model.reinit": self.protocol.reinit,
+            "model.reinit_seed": seed,
+            "model.pretrained": str(pretrained),
+            "data.init_args.part": "B",
+            # Data order and dropout differ per seed; 100 apart from pre-training's seed.
+            "seed_everything": base_seed + 100 + seed,
+        }
+        name = f"seed{seed}"
+        config = self._stage_config(name, overrides, self.protocol.finetune)
+        config_for_key = copy.deepcopy(config)
+        config_for_key["model.pretrained"] = None  # the upstream key stands for the checkpoint
+        return _Stage(name, config, self._key_of(config_for_key, upstream))
+
+    def instantiate(self, stage: _Stage):
+        """``(trainer, module, datamodule)`` of a stage, seeded as its config says.
+
+        Parsed anew from the stage's whole config, so the module's saved hyper-parameters are
+        the stage's own (LightningCLI records the config it parsed, not the arguments it got).
+        """
+        cli = experiment_cli(["--config", self.parser.dump(stage.config)], run=False)
+        return cli.trainer, cli.model, cli.datamodule
+
+    def _finished(self, stage: _Stage) -> bool:
+        record = stage.folder(self.root) / "stage.json"
+        if not record.is_file():
+            return False
+        saved = json.loads(record.read_text()).get("key")
+        if saved == stage.key and stage.checkpoint(self.root).is_file():
+            return True
+        if saved != stage.key and not self.protocol.overwrite:
+            raise RunError(
+                f"{stage.folder(self.root)} holds a {stage.name} run of another configuration: rerun with "
+                f"--protocol.overwrite true to recompute it (and what depends on it), or choose another "
+                f"--protocol.output_dir"
+            )
+        return False
+
+    def fit(self, stage: _Stage) -> Path:
+        """Train a stage unless its checkpoint of the same configuration exists; returns the checkpoint."""
+        checkpoint = stage.checkpoint(self.root)
+        if self._finished(stage):
+            log.info("%s: finished earlier (%s)", stage.name, checkpoint)
+            return checkpoint
+        (stage.folder(self.root) / "stage.json").unlink(missing_ok=True)
+        trainer, module, datamodule = self.instantiate(stage)
+        trainer.fit(module, datamodule)
+        atomic_write(checkpoint, lambda path: trainer.save_checkpoint(path, weights_only=True))
+        atomic_write_json(stage.folder(self.root) / "stage.json", {"key": stage.key, "name": stage.name})
+        return checkpoint
+
+    # -- alignment and sweeps ----------------------------------------------------------------
+
+    def curve_data(self, datamodule) -> tuple[Dataset, dict[str, Any]]:
+        """The samples the curves are measured on (``protocol.split``, its first ``eval_samples``)
+        and their identity in sweep keys and results."""
+        dataset, data = datamodule.split(self.protocol.split), data_identity(datamodule)
+        if self.protocol.eval_samples is not None:
+            dataset = Subset(dataset, range(min(self.protocol.eval_samples, len(dataset))))
+            data = {**data, "eval_samples": len(dataset)}
+        return dataset, data
+
+    def sweep_pair(self, stages: list[_Stage], checkpoints: list[Path], i: int, j: int) -> dict[str, Any]:
+        """Align seed ``i`` to seed ``j`` with every listed alignment and sweep both curves."""
+        _, module, datamodule = self.instantiate(stages[j])
+        load_weights(module.model, checkpoints[j])
+        module.eval()
+        reference = load_weights(module.build_model(), checkpoints[i]).eval()
+        dataset, data = self.curve_data(datamodule)
+        loader = DataLoader(dataset, batch_size=self.protocol.eval_batch_size or datamodule.batch_size)
+        alphas = evenly_spaced(self.protocol.num_alphas)
+        evaluation = Evaluation(
+            module.metric_sums,
+            loader,
+            self.protocol.split,
+            data,
+            {k: module.hparams.get(k) for k in ("model", "model_config")},
+        )
+        pair = self.root / "pairs" / f"{i}_{j}"
+        calibrations = {}  # calibration_batches -> batches of the fine-tuning half B's training split
+
+        def calibration_for(options: AlignOptions):
+            if not options.data_aware:
+                return None
+            count = options.calibration_batches
+            if count not in calibrations:
+                calibrations[count] = training_calibration(datamodule, module.model_loss, count)
+            return calibrations[count]
+
+        # Each alignment is computed once: a head order's screening and whole sweeps and the
+        # robustness table use the same aligned model.
+        aligned: dict[str, tuple[Any, Any]] = {}
+
+        def alignment_for(options: AlignOptions):
+            key = repr(options)
+            if key not in aligned:
+                aligned[key] = align(reference, module.model, self.protocol.reinit, options, calibration_for(options))
+            return aligned[key]
+
+        def sweep(
+            options: AlignOptions, folder: Path, at: list[float] = alphas, figures: bool = True
+        ) -> dict[str, Any]:
+            # Every curve of the pair at the same alphas shares one naive curve.
+            naive = pair / ("naive_sweep_state.json" if at == alphas else f"naive_sweep_state_{len(at)}.json")
+            hooks = SweepHooks(folder / "lmc_sweep_state_0.json", naive_state_path=naive)
+            result = measure_connectivity(
+                module.model,
+                reference,
+                self.protocol.reinit,
+                options,
+                at,
+                evaluation,
+                hooks,
+                calibration_for(options),
+                alignment_for(options),
+            )
+            record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
+            write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}}, figures)
+            return result
+
+        labels, alignments = alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options
+        results = {label: sweep(options, pair / label) for label, options in zip(labels, alignments)}
+        if self.protocol.head_orders:
+            orders = head_orders(model_spec(module.model).attention[0])
+            results[HEAD_ORDERS] = sweep_head_orders(orders, results, alphas, pair / "orders", sweep)
+        if self.protocol.robustness:
+            results[ROBUSTNESS] = midpoint_robustness(
+                module.model,
+                reference,
+                {label: alignment_for(options)[0] for label, options in zip(labels, alignments)},
+                evaluation,
+                datamodule.info,
+                pair / "robustness.json",
+            )
+        return results
+
+    def run(self) -> dict[str, Any]:
+        """Every stage, every pair, the summary; returns the summary."""
+        protocol = self.protocol
+        if protocol.pretrained is not None:
+            pretrained = Path(protocol.pretrained)
+            if not pretrained.is_file():
+                raise RunError(f"protocol.pretrained {pretrained} does not exist: train it or drop the setting")
+            upstream = _key(str(pretrained.resolve()), pretrained.stat().st_size, pretrained.stat().st_mtime_ns)
+        else:
+            stage = self.pretrain_stage()
+            pretrained, upstream = self.fit(stage), stage.key
+        stages = [self.finetune_stage(seed, pretrained, upstream) for seed in range(protocol.seeds)]
+        checkpoints = [self.fit(stage) for stage in stages]
+        pairs = {}
+        for i in range(protocol.seeds):
+            for j in range(i + 1, protocol.seeds):
+                pairs[(i, j)] = self.sweep_pair(stages, checkpoints, i, j)
+        summary = summarize(pairs, alignment_labels(protocol.alignment_options))
+        if protocol.head_orders:
+            summary["head_orders"] = summarize_head_orders(pairs, alignment_labels(protocol.alignment_options))
+        if protocol.robustness:
+            summary[ROBUSTNESS] = summarize_robustness(pairs)
+        datamodule = self.instantiate(stages[0])[2]
+        summary["protocol"] = {
+            "output_dir": str(self.root),
+            "reinit": protocol.reinit,
+            "seeds": protocol.seeds,
+            "split": protocol.split,
+            "curve_samples": len(self.curve_data(datamodule)[0]),
+            "split_samples": len(datamodule.split(protocol.split)),
+        }
+        write_summary(self.root, summary)
+        log_curves(self.root / "tensorboard" / "lmc", pairs, summary)
+        return summary

@@ -1,0 +1,27 @@
+"""The error bar of a study: statistics over pairs of fine-tuned seeds (one pair is no evidence)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value), min, max and count of the finite ``values``."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan, "count": 0}
+    return {
+        "mean": statistics.fmean(finite),
+        "std": statistics.stdev(finite) if len(finite) > 1 else 0.0,
+        "min": min(finite),
+        "max": max(finite),
+        "count": len(finite),
+    }
+
+
+def cell(stats: dict[str, float] | None, digits: int = 1, unit: str = "") -> str:
+    """``mean ± std`` of :func:`spread`'s statistics for a table; ``n/a`` without a finite value."""
+    if not stats or not math.isfinite(stats["mean"]):
+        return "n/a"
+    return f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}{unit}"

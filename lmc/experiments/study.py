@@ -1,0 +1,369 @@
+"""``lmc repro``: the paper's study at small scale from one command (``make repro``).
+
+A study (``configs/study/repro.yaml``) lists model families, each an ``lmc run`` experiment
+config, and the re-initialization strategies to run on each. Per family it pre-trains once
+(in the first strategy's run), then runs every strategy with its fine-tuned seeds from that
+pre-trained checkpoint; the first-attention runs of the Table 1 families also score every head
+order and the variants of the matcher (``configs/protocol/table1.yaml``). Each run is an
+:class:`~lmc.experiments.run.Experiment`, so the study resumes after a kill like ``lmc run`` does.
+:mod:`lmc.experiments.study_report` then turns the run folders into ``docs/results.md``.
+
+The pre-trainings and then the runs are spread over worker processes (``jobs``), longest first,
+each computing with one thread: the numbers do not depend on how the tasks are scheduled, and the
+same command on the same machine prints the same numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmc.experiments.study_report import FIRST_LAYER_INPUTS, MACHINE, write_report
+from lmc.io import atomic_write_json
+from lmc.matching import AlignOptions
+from lmc.symmetry import SCOPES, Scope, check_scope
+
+if TYPE_CHECKING:  # lmc.experiments.run imports Lightning: loaded in the workers only
+    from lmc.experiments.run import Experiment
+
+#: Threads per worker: a fixed count keeps the floating-point reductions, and so the numbers, fixed.
+THREADS = 1
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family of a study.
+
+    Attributes:
+        name: Folder name of its runs (``<output_dir>/<name>/<strategy>``).
+        title: How the report names it.
+        experiment: Its ``lmc run`` experiment config (model, data, trainer, schedules).
+        table1: Also score every head order and matcher variant under ``first_attention``.
+        configs: Configs added after ``experiment`` (a variant of it, e.g. another width).
+    """
+
+    name: str
+    title: str
+    experiment: str
+    table1: bool = False
+    configs: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Study:
+    """A set of ``lmc run`` experiments and where their report goes.
+
+    Attributes:
+        families: The model families.
+        strategies: Re-initialization strategies run on every family; the first one pre-trains.
+        seeds: Fine-tuned seeds per strategy run.
+        table1: Protocol fragment of the Table 1 runs (alignments, head orders).
+        table1_seeds: Fine-tuned seeds of the Table 1 runs (the paper averages over 10 pairs).
+        robustness: Strategies whose pairs are also evaluated under input corruptions.
+        methods: Alignment settings compared with each run's own on ``methods_strategies``
+            (lmc's data-aware and learned alignment beside the paper's weight matcher): each adds
+            an aligned curve per pair of those runs.
+        methods_strategies: The strategies whose runs also sweep ``methods``.
+        overlays: Configs added to every run after the family's own (e.g. the quick form's).
+        output_dir: Root of the run folders.
+        report: The Markdown report; its figures go into a folder of the same name without ``.md``.
+    """
+
+    families: list[Family]
+    strategies: list[Scope] = field(default_factory=lambda: list(SCOPES))
+    seeds: int = 3
+    table1: str | None = None
+    table1_seeds: int = 5
+    robustness: list[Scope] = field(default_factory=list)
+    methods: list[AlignOptions] = field(default_factory=list)
+    methods_strategies: list[Scope] = field(default_factory=list)
+    overlays: list[str] = field(default_factory=list)
+    output_dir: str = "runs/repro"
+    report: str = "docs/results.md"
+
+    def __post_init__(self) -> None:
+        if not self.families:
+            raise ValueError("a study needs at least one family")
+        names = [family.name for family in self.families]
+        if len(set(names)) != len(names):
+            raise ValueError(f"family names must be unique, got {names}")
+        if not self.strategies:
+            raise ValueError("a study needs at least one strategy")
+        for strategy in [*self.strategies, *self.robustness, *self.methods_strategies]:
+            check_scope(strategy)
+        if min(self.seeds, self.table1_seeds) < 2:
+            raise ValueError("seeds and table1_seeds must be at least 2 (a pair of fine-tuned runs)")
+        if Path(self.report).suffix != ".md":
+            raise ValueError(f"study.report {self.report} must be a Markdown file (.md): it is rewritten on every run")
+        family_configs = [path for family in self.families for path in (family.experiment, *family.configs)]
+        for path in [*family_configs, *self.overlays, *([self.table1] if self.table1 else [])]:
+            if not Path(path).is_file():
+                raise FileNotFoundError(
+                    f"study config {path} does not exist (paths are relative to the working folder)"
+                )
+
+    @property
+    def method_labels(self) -> list[str]:
+        """The ``lmc run`` labels of the full method and of ``methods``, in that order."""
+        from lmc.experiments.protocol import alignment_labels
+
+        return ["full", *(label for label in alignment_labels(self.methods) if label != "full")]
+
+    def pretrained(self, family: Family) -> Path:
+        """A family's pre-trained checkpoint, in its first strategy's run folder."""
+        return Path(self.output_dir) / family.name / self.strategies[0] / "pretrain" / "final.ckpt"
+
+    def run_arguments(self, family: Family, strategy: Scope, pretrained: Path | None) -> list[str]:
+        """The ``lmc run`` arguments of one strategy of one family."""
+        table1 = family.table1 and self.table1 is not None and strategy == "first_attention"
+        configs = [family.experiment, *family.configs, *([self.table1] if table1 else []), *self.overlays]
+        args = [part for config in configs for part in ("--config", config)]
+        args += [
+            f"--protocol.output_dir={Path(self.output_dir) / family.name / strategy}",
+            f"--protocol.reinit={strategy}",
+            f"--protocol.seeds={self.table1_seeds if table1 else self.seeds}",
+            "--trainer.enable_progress_bar=false",
+        ]
+        args += ["--protocol.robustness=true"] if strategy in self.robustness else []
+        return args + ([f"--protocol.pretrained={pretrained}"] if pretrained is not None else [])
+
+
+def load_study(paths: list[str | Path]) -> Study:
+    """A study from YAML files, later ones overriding earlier ones (e.g. ``configs/study/quick.yaml``)."""
+    from jsonargparse import ArgumentError, ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action="config")
+    parser.add_class_arguments(Study, "study")
+    args = [part for path in paths for part in ("--config", str(path))]
+    try:
+        config = parser.parse_args(args)
+    except ArgumentError as error:  # one line naming the key or file, as every lmc error
+        raise ValueError(f"study {', '.join(map(str, paths))}: {' '.join(str(error).split())}") from None
+    return parser.instantiate_classes(config).study
+
+
+def pretrain(study: Study, family: Family) -> None:
+    """Pre-train one family on its half A, in its first strategy's run folder (where that run and
+    every other strategy's run find it)."""
+    from lmc.experiments.protocol import experiment_cli
+    from lmc.experiments.run import Experiment
+
+    experiment = Experiment(experiment_cli(study.run_arguments(family, study.strategies[0], None), run=False))
+    experiment.fit(experiment.pretrain_stage())
+
+
+def run_strategy(study: Study, family: Family, strategy: Scope) -> None:
+    """One ``lmc run`` of one family under one strategy, from the family's pre-trained model; the
+    first strategy's run also measures the first layer's inputs (:func:`first_layer_inputs`)."""
+    from lmc.experiments.protocol import experiment_cli
+    from lmc.experiments.run import Experiment
+
+    first = strategy == study.strategies[0]
+    args = study.run_arguments(family, strategy, None if first else study.pretrained(family))
+    cli = experiment_cli(args, run=False)
+    overrides = []
+    if strategy == "full_model":  # everything re-initialized: trained as long as pre-training
+        pretraining = cli.config.protocol.pretrain
+        epochs = pretraining.max_epochs or cli.config.trainer.max_epochs
+        lr = pretraining.lr or cli.config.model.lr
+        overrides += [f"--protocol.finetune.max_epochs={epochs}", f"--protocol.finetune.lr={lr}"]
+    if strategy in study.methods_strategies:
+        listed = cli.config_init.protocol.alignment_options
+        alignments = listed + [options for options in study.methods if options not in listed]
+        overrides.append(f"--protocol.alignments={json.dumps([asdict(options) for options in alignments])}")
+    if overrides:
+        cli = experiment_cli([*args, *overrides], run=False)
+    experiment = Experiment(cli)
+    experiment.run()
+    if first:
+        inputs = first_layer_inputs(experiment)
+        atomic_write_json(Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS, inputs)
+
+
+def first_layer_inputs(experiment: Experiment, batches: int = 8) -> dict[str, Any]:
+    """How much of the width the first attention layer's inputs span, and how much of its Q/K/V
+    weights they reach, in seed 0 of a finished ``lmc run`` (a fine-tuned model).
+
+    A weight-space cost counts every direction of ``W_Q, W_K, W_V``, but the function only
+    depends on their action on the inputs the layer receives: with inputs confined to a subspace,
+    the rest of the weights is the untouched initialization and weighs on the matcher without
+    bearing on the barrier. Measured on ``batches`` training batches of the fine-tuning half.
+
+    Args:
+        experiment: The finished run (its folder holds ``seed0/final.ckpt``).
+        batches: Calibration batches.
+
+    Returns:
+        ``{"width", "rank", "tokens", "visible": {"query", "key", "value"}}``: the numerical rank of
+        the inputs' second moment ``E[x x^T]`` (float64, eigenvalues above 1e-10 of the largest)
+        and each projection's squared norm share on that span.
+    """
+    import torch
+
+    from lmc.adapters import adapter_for, model_spec
+    from lmc.checkpoints import load_weights
+    from lmc.connectivity import training_calibration
+    from lmc.matching.calibration import paired_moments
+    from lmc.symmetry import head_rows
+
+    folder = experiment.root
+    pretrained = experiment.protocol.pretrained or folder / "pretrain" / "final.ckpt"
+    stage = experiment.finetune_stage(0, Path(pretrained), "")
+    _, module, datamodule = experiment.instantiate(stage)
+    model = load_weights(module.model, folder / "seed0" / "final.ckpt").eval()
+    layer = model_spec(model).attention[0]
+    twin = copy.deepcopy(model)  # paired moments read two models; both are this one
+    adapter = adapter_for(model)
+    watched = {"input": (adapter.attention_input_module(model, layer), adapter.attention_input_module(twin, layer))}
+    calibration = training_calibration(datamodule, module.model_loss, batches)
+    moment = paired_moments(model, twin, watched, calibration)["input"]
+    values, vectors = torch.linalg.eigh(moment.source)
+    span = vectors[:, values > 1e-10 * values[-1]]
+    parameters = dict(model.named_parameters())
+    visible = {}
+    for name in ("query", "key", "value"):
+        rows = head_rows(parameters, layer, name).double()
+        visible[name] = float((rows @ span).square().sum() / rows.square().sum())
+    return {"width": layer.width, "rank": span.shape[1], "tokens": moment.tokens, "visible": visible}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of a study's schedule: a family's pre-training (``strategy`` ``None``) or one run."""
+
+    family: Family
+    strategy: Scope | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.family.name}/{self.strategy or 'pretrain'}"
+
+    def log(self, study: Study) -> Path:
+        """Where the task's output goes: its run folder's ``log.txt`` (pre-training: the first run's)."""
+        return Path(study.output_dir) / self.family.name / (self.strategy or study.strategies[0]) / "log.txt"
+
+
+def schedule(study: Study) -> list[Task]:
+    """The study's tasks in the order they start: every pre-training, then the runs longest first.
+
+    Runs are ordered by their expected size (Table 1 runs, then runs with extra alignments or the
+    robustness table, then the rest, each group from the last family listed to the first), so
+    the small runs fill the end and the workers finish together; a run waits for its family's
+    pre-training. The order changes only the wall time, never a number.
+    """
+
+    def size(task: Task) -> tuple[int, int, int]:
+        table1 = task.family.table1 and study.table1 is not None and task.strategy == "first_attention"
+        extra = (task.strategy in study.methods_strategies) + (task.strategy in study.robustness)
+        return table1, extra, study.families.index(task.family)
+
+    runs = [Task(family, strategy) for family in study.families for strategy in study.strategies]
+    return [Task(family) for family in study.families] + sorted(runs, key=size, reverse=True)
+
+
+def _run_logged(study: Study, task: Task) -> float:
+    """One task in a worker process (one thread), its output appended to its run folder's
+    ``log.txt``; returns its wall time in seconds."""
+    import logging
+
+    import torch
+
+    torch.set_num_threads(THREADS)
+    task.log(study).parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(task.log(study), "a") as log:
+        sys.stdout.flush(), sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        try:
+            for name in ("lightning.pytorch", "lightning.fabric"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            if task.strategy is None:
+                pretrain(study, task.family)
+            else:
+                run_strategy(study, task.family, task.strategy)
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+    return time.perf_counter() - start
+
+
+def machine() -> dict[str, Any]:
+    """The processor and the library the numbers of this process come from.
+
+    Another processor makes torch pick other floating-point kernels (MKL's code path, ATen's vector
+    width), whose rounding training turns into other models: the same seeds then give other numbers
+    (``benchmarks/results/reproducibility.md``).
+    """
+    import platform
+
+    import torch
+
+    processor = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
+        processor = names[0] if names else processor
+    return {
+        "processor": processor,
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": THREADS,
+    }
+
+
+def run_study(study: Study, jobs: int = 2) -> dict[str, float]:
+    """Run every task of :func:`schedule` (``jobs`` at a time, one thread each); returns each
+    task's wall time in seconds, also written to ``<output_dir>/times.json``, and records the
+    :func:`machine` in ``<output_dir>/machine.json``."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    Path(study.output_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(study.output_dir) / MACHINE, machine())
+    waiting, running, times = schedule(study), {}, {}
+    pretrained: set[str] = set()
+    context = get_context("spawn")  # a fresh interpreter: no state shared with the parent
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        while waiting or running:
+            ready = [task for task in waiting if task.strategy is None or task.family.name in pretrained]
+            for task in ready[: jobs - len(running)]:
+                waiting.remove(task)
+                running[pool.submit(_run_logged, study, task)] = task
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                task = running.pop(future)
+                try:
+                    times[task.name] = future.result()
+                except SystemExit as error:  # a config the task's parser refused: its message is in the log
+                    lines = task.log(study).read_text().strip().splitlines() or ["(empty log)"]
+                    raise ValueError(
+                        f"{task.name} stopped with status {error.code}: {lines[-1].strip()} (log: {task.log(study)})"
+                    ) from None
+                if task.strategy is None:
+                    pretrained.add(task.family.name)
+                print(f"{task.name}: done in {times[task.name]:.0f} s (log: {task.log(study)})")
+    atomic_write_json(Path(study.output_dir) / "times.json", times)
+    return times
+
+
+def repro(paths: list[str | Path], jobs: int = 2) -> dict[str, Any]:
+    """Run a study and write its report; returns the report's data."""
+    study = load_study(paths)
+    start = time.perf_counter()
+    times = run_study(study, jobs)
+    data = write_report(study, [str(path) for path in paths])
+    wall, work = time.perf_counter() - start, sum(times.values())
+    print(f"study finished in {wall:.0f} s ({work:.0f} s of work) with {jobs} workers x {THREADS} thread")
+    print(f"wrote {study.report}")
+    return {"times": times, **data}

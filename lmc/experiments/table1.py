@@ -1,0 +1,155 @@
+"""The paper's Table 1: every head order of the first attention layer, each followed by the full Stage 2.
+
+A pair's alignments are ranked against all ``h!`` orders (GQA: those that keep query heads with
+their key/value head), and ``L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100`` says how
+much of the gap between the naive and the best order's barrier a method leaves (docs/spec.md,
+section 4). :func:`sweep_head_orders` computes exact ranks at a fraction of ``h!`` whole curves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lmc.experiments.protocol import RunError
+from lmc.experiments.spread import cell, spread
+from lmc.matching import AlignOptions
+
+#: Key of a pair's head-order sweeps (order label -> result) beside its alignments' results.
+HEAD_ORDERS = "head_orders"
+
+
+def rank_and_l_hat(order_barriers: dict[str, float], chosen: str, method: float, naive: float) -> tuple[int, float]:
+    """The rank of the chosen head order among all orders, and ``L_hat`` of a method (docs/spec.md, section 4).
+
+    Args:
+        order_barriers: Barrier of each head order, each followed by the full Stage 2.
+        chosen: The order the method's Stage 1 picked (a key of ``order_barriers``).
+        method: The method's own barrier.
+        naive: The naive barrier.
+
+    Returns:
+        ``(rank, L_hat)``: 1 for the best order (ties share the better rank), and
+        ``(method - L_top1) / (naive - L_top1) * 100`` with ``L_top1`` the best order's barrier
+        (NaN when the naive barrier is no worse than the best order's).
+    """
+    rank = 1 + sum(barrier < order_barriers[chosen] for barrier in order_barriers.values())
+    top1 = min(order_barriers.values())
+    l_hat = 100.0 * (method - top1) / (naive - top1) if naive > top1 else math.nan
+    return rank, l_hat
+
+
+def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
+    """Per alignment: its Stage 1 order's rank among all head orders of the first attention layer,
+    ``L_hat`` for the loss and accuracy barriers, mean and spread over pairs (the paper's Table 1)."""
+    study: dict[str, Any] = {"orders": len(next(iter(pairs.values()))[HEAD_ORDERS]), "alignments": {}}
+    for label in labels:
+        per_pair = {}
+        for (i, j), pair in pairs.items():
+            result, orders = pair[label], pair[HEAD_ORDERS]
+            attention = [layer for layer in result["alignment"]["layers"] if layer["kind"] == "attention"]
+            if not attention:  # naive: no head order
+                continue
+            chosen = "".join(map(str, attention[0]["assignment"]))
+            alphas = len(result["settings"]["alphas"])
+            whole = sum(len(r["settings"]["alphas"]) == alphas for r in orders.values())
+            entry = {"order": chosen, "whole_curves": whole}
+            for name in ("loss_barrier", "accuracy_barrier"):
+                barriers = {order: r["curves"]["aligned"][name] for order, r in orders.items()}
+                rank, l_hat = rank_and_l_hat(
+                    barriers, chosen, result["curves"]["aligned"][name], result["curves"]["naive"][name]
+                )
+                entry[name] = {
+                    "rank": rank,
+                    "l_hat": l_hat,
+                    "top1": min(barriers.values()),
+                    "best_order": min(barriers, key=barriers.get),
+                }
+            per_pair[f"{i}_{j}"] = entry
+        if per_pair:
+            study["alignments"][label] = {
+                "per_pair": per_pair,
+                **{
+                    name: {
+                        "rank": spread([float(e[name]["rank"]) for e in per_pair.values()]),
+                        "l_hat": spread([e[name]["l_hat"] for e in per_pair.values()]),
+                    }
+                    for name in ("loss_barrier", "accuracy_barrier")
+                },
+            }
+    return study
+
+
+def head_orders(layer) -> list[tuple[int, ...]]:
+    """Every order of a layer's query heads that keeps each with its key/value head (``h!`` without GQA)."""
+    if layer.num_heads > 6:
+        raise RunError(
+            f"protocol.head_orders scores all {layer.num_heads}! head orders of {layer.name}: use at most 6 heads"
+        )
+    q = layer.queries_per_kv
+    return [
+        order
+        for order in itertools.permutations(range(layer.num_heads))
+        if all(len({head // q for head in order[g : g + q]}) == 1 for g in range(0, layer.num_heads, q))
+    ]
+
+
+def sweep_head_orders(
+    orders: list[tuple[int, ...]],
+    results: dict[str, Any],
+    alphas: list[float],
+    folder: Path,
+    sweep: Callable[..., dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Every head order of the first attention layer followed by the full Stage 2, with exact
+    ranks and ``L_top1`` at a fraction of ``h!`` whole curves.
+
+    A barrier is the largest gap over the curve's alphas, so the gap on any of them bounds it from
+    below. Each order is first swept at the two end points and the middle alpha (its
+    ``screening``); orders picked by a listed alignment's Stage 1 get their whole curve, and so
+    does every other order whose screening bound (loss or accuracy) lies below the largest whole-curve
+    barrier of the picked ones. An order left at its bound can neither be strictly better than a
+    picked order nor be the best one, so ranks and ``L_hat`` are those of all whole curves.
+    """
+    labels = ["".join(map(str, order)) for order in orders]
+    full = {label: AlignOptions(head_orders={0: [int(h) for h in label]}) for label in labels}
+    if len(alphas) <= 3:  # nothing to screen out
+        return {label: sweep(full[label], folder / label, figures=False) for label in labels}
+    screening = [alphas[0], alphas[len(alphas) // 2], alphas[-1]]
+    bounds = {label: sweep(full[label], folder / "screening" / label, screening, figures=False) for label in labels}
+    picked = {
+        "".join(map(str, layers[0]["assignment"]))
+        for result in results.values()
+        if (layers := [layer for layer in result["alignment"]["layers"] if layer["kind"] == "attention"])
+    }
+    swept = {label: sweep(full[label], folder / label, figures=False) for label in labels if label in picked}
+    worst = {
+        name: max((r["curves"]["aligned"][name] for r in swept.values()), default=math.inf)
+        for name in ("loss_barrier", "accuracy_barrier")
+    }
+    for label in labels:
+        if label not in swept and any(bounds[label]["curves"]["aligned"][n] < worst[n] for n in worst):
+            swept[label] = sweep(full[label], folder / label, figures=False)
+    return {label: swept.get(label, bounds[label]) for label in labels}
+
+
+def head_order_table(study: dict[str, Any]) -> list[str]:
+    """The lines of the head-order section of ``summary.md`` (:func:`summarize_head_orders`'s ``study``)."""
+    lines = [
+        f"Head orders of the first attention layer: all {study['orders']}, each followed by the full Stage 2. "
+        "Rank 1 is the order with the lowest barrier; L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100. "
+        "Orders that cannot change a rank or L_top1 are swept at three alphas only (see lmc.experiments.table1).",
+        "",
+        "| alignment | rank (loss) | L_hat loss % | rank (accuracy) | L_hat accuracy % |",
+        "|---|---|---|---|---|",
+    ]
+    for label, entry in study["alignments"].items():
+        loss, accuracy = entry["loss_barrier"], entry["accuracy_barrier"]
+        lines.append(
+            f"| {label} | {cell(loss['rank'], 1)} | {cell(loss['l_hat'], 1)} "
+            f"| {cell(accuracy['rank'], 1)} | {cell(accuracy['l_hat'], 1)} |"
+        )
+    return lines

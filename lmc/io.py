@@ -1,0 +1,125 @@
+"""Files lmc writes: always atomically, so no reader sees half a file or half a folder, never over an input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+
+class WriteError(OSError):
+    """A file lmc writes could not be written (disk full, read-only folder, a file where a folder should be)."""
+
+
+def unwritable_reason(folder: str | Path) -> str | None:
+    """Why files cannot be created in ``folder`` (or in the folders that would be made for it), else ``None``."""
+    existing = Path(folder)
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def check_output_folder(folder: str | Path) -> Path:
+    """``folder`` if files can be written into it (it need not exist yet); else a :class:`WriteError`."""
+    reason = unwritable_reason(folder)
+    if reason is not None:
+        raise WriteError(f"cannot write into {folder}: {reason}; choose another output folder")
+    return Path(folder)
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(temporary_path)`` then move the file into place, so no reader sees half a file.
+
+    The file gets the permissions of any new file (``0o666`` less the umask), as the files
+    Lightning writes beside it do.
+
+    Raises:
+        WriteError: The file could not be written (naming ``path``, not the temporary file).
+    """
+    path = Path(path)
+    temporary, created = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"), False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # open(2) with mode 0o666 lets the kernel apply the umask: the mode any new file gets here.
+        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        created, mode = True, os.fstat(handle).st_mode & 0o777
+        os.close(handle)
+        write(temporary)
+        os.chmod(temporary, mode)  # writers may set their own (safetensors writes 0o600)
+        os.replace(temporary, path)
+    except BaseException as error:
+        if created:
+            with contextlib.suppress(OSError):  # the writer may have removed it already
+                temporary.unlink()
+        if isinstance(error, OSError):
+            reason = unwritable_reason(path.parent) or error.strerror or str(error)
+            raise WriteError(f"cannot write {path}: {reason}") from error
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda p: p.write_text(text))
+
+
+def atomic_write_json(path: str | Path, data: object) -> Path:
+    return atomic_write_text(path, json.dumps(data, indent=2, default=float) + "\n")
+
+
+def overlapping_input(output: str | Path, inputs: Sequence[str | Path]) -> Path | None:
+    """The input that ``output`` is, lies inside, or holds (writing or replacing it would touch it); else ``None``."""
+    output = Path(output).resolve()
+    for path in inputs:
+        resolved = Path(path).resolve()
+        if output == resolved or output.is_relative_to(resolved) or resolved.is_relative_to(output):
+            return Path(path)
+    return None
+
+
+@contextlib.contextmanager
+def atomic_output_folder(folder: str | Path, inputs: Sequence[str | Path] = ()) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``folder``; when the block ends, it becomes ``folder``.
+
+    A reader never sees a half-written ``folder``: the block writes into ``.<name>.<random>.tmp``,
+    which is renamed into place only when the block succeeds (an existing ``folder`` is replaced;
+    callers decide whether that is allowed). On an error the temporary folder is removed and
+    ``folder`` is left as it was.
+
+    Raises:
+        ValueError: ``folder`` is an input, lies inside one or holds one.
+        WriteError: The folder cannot be created (naming ``folder``, not the temporary one).
+    """
+    folder = Path(folder)
+    clash = overlapping_input(folder, inputs)
+    if clash is not None:
+        raise ValueError(f"the output {folder} would write over the input {clash}: choose another output folder")
+    temporary = folder.with_name(f".{folder.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        temporary.mkdir()
+    except OSError as error:
+        reason = unwritable_reason(folder.parent) or error.strerror or str(error)
+        raise WriteError(f"cannot write {folder}: {reason}") from error
+    try:
+        yield temporary
+        if folder.exists():
+            retired = folder.with_name(f".{folder.name}.{secrets.token_hex(6)}.old")
+            folder.replace(retired)
+            temporary.replace(folder)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            temporary.replace(folder)
+    except BaseException as error:
+        shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(error, OSError) and not isinstance(error, WriteError):
+            reason = unwritable_reason(folder.parent) or error.strerror or str(error)
+            raise WriteError(f"cannot write {folder}: {reason}") from error
+        raise

@@ -1,0 +1,291 @@
+"""The state of one in-memory alignment: the working copy, the target, the accumulated group element.
+
+:func:`~lmc.matching.align` drives it: Stage 1 and 2 per attention layer, weight or activation
+matching of FFN units, and for ``full_model`` coordinate descent over every permutation.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from torch import nn
+
+from lmc.adapters import adapter_for, scope_parameters
+from lmc.matching.calibration import Calibration, PairedMoment, paired_correlations, paired_moments
+from lmc.matching.checks import require_finite
+from lmc.matching.layers import align_attention_layer, attention_stage1, axes_distance, layer_distance, stacked_copies
+from lmc.matching.learned import LearnedAlignment, learn_attention
+from lmc.matching.permutation import axis_correlation, best_permutation
+from lmc.matching.results import AlignmentError, AlignmentReport, LayerAlignment
+from lmc.matching.stage2 import attention_stages
+from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec
+
+
+class Aligner:
+    """State of one alignment: the working copy, the target, the accumulated transform."""
+
+    def __init__(
+        self,
+        source: nn.Module,
+        target: nn.Module,
+        spec: SymmetrySpec,
+        report: AlignmentReport,
+        calibration: Calibration | None = None,
+    ):
+        self.options = report.options
+        self.calibration = calibration
+        self.moments: dict[str, PairedMoment] = {}
+        shared = {}
+        if self.options.share_frozen and report.scope != "full_model":
+            # Parameters outside the scope never change (and equal the target's): share, don't copy.
+            free = set(scope_parameters(source, report.scope, spec))
+            shared = {id(p): p for name, p in source.named_parameters() if name not in free}
+        self.working = copy.deepcopy(source, shared)
+        self.parameters = dict(self.working.named_parameters())
+        self.target = dict(target.named_parameters())
+        self.original = dict(source.named_parameters())  # read only
+        self.target_model = target
+        self.dtype = next(source.parameters()).dtype
+        self.spec = spec
+        self.report = report
+
+    def require_finite(self, finite: bool, what: str) -> None:
+        require_finite(finite, what, self.dtype)
+
+    def apply(self, transform: ModelTransform) -> None:
+        with torch.no_grad():
+            transform.apply_(self.parameters, self.spec)
+        self.report.transform = self.report.transform.compose(transform, self.spec)
+        self.move_moments(transform)
+
+    def capture(self, attention: list[int]) -> None:
+        """The activation statistics the options read, from one calibration pass of both models.
+
+        Per attention layer: its input (augmented with 1) for the data objective and the
+        activation metric, and what ``W_O`` reads for the activation metric. Symmetries applied
+        later move them exactly (:meth:`move_moments`), so one pass serves the whole alignment.
+        """
+        if self.calibration is None:
+            return
+        adapter, options = adapter_for(self.working), self.options
+        modules, augment = {}, set()
+        for index in attention:
+            layer = self.spec.blocks[index].attention
+            if options.objective == "data" or options.metric == "activation":
+                key = f"input:{index}"
+                modules[key] = tuple(
+                    adapter.attention_input_module(m, layer) for m in (self.working, self.target_model)
+                )
+                augment.add(key)
+            if options.metric == "activation":
+                modules[f"output:{index}"] = tuple(
+                    adapter.attention_output_module(m, layer) for m in (self.working, self.target_model)
+                )
+        if modules:
+            self.moments = paired_moments(
+                self.working, self.target_model, modules, self.calibration, frozenset(augment)
+            )
+            for key, moment in self.moments.items():
+                self.require_finite(bool(torch.isfinite(moment.cross).all()), f"{key}: the calibration moments")
+
+    def move_moments(self, transform: ModelTransform) -> None:
+        """Keep the source's activation statistics those of the working copy after ``transform``.
+
+        A residual permutation re-indexes every layer's input (the constant 1 stays last); an
+        attention element permutes the heads' outputs and maps each head's by its ``B``.
+        """
+        if not self.moments:
+            return
+        if transform.residual is not None:
+            index = torch.cat([transform.residual.cpu(), torch.tensor([len(transform.residual)])])
+            for key in [k for k in self.moments if k.startswith("input:")]:
+                self.moments[key] = self.moments[key].moved(index)
+        for layer_index, element in transform.attention.items():
+            key = f"output:{layer_index}"
+            if key in self.moments:
+                d_h = element.vo.shape[-1]
+                heads = element.query_permutation.cpu()
+                index = (heads[:, None] * d_h + torch.arange(d_h)).flatten()
+                per_head = element.vo.cpu().double().repeat_interleave(element.queries_per_kv, dim=0)
+                self.moments[key] = self.moments[key].moved(index, torch.block_diag(*per_head))
+
+    def layer_moments(self, index: int) -> tuple[PairedMoment | None, PairedMoment | None]:
+        """The captured input and output moments of attention layer ``index`` (``None`` when not captured)."""
+        return self.moments.get(f"input:{index}"), self.moments.get(f"output:{index}")
+
+    def permute_heads(self, index: int) -> bool:
+        """Stage 1 only; returns whether the head order changed."""
+        layer = self.spec.blocks[index].attention
+        order = (self.options.head_orders or {}).get(index)
+        grams, _, _, match, kv_match, _ = attention_stage1(
+            self.parameters, self.target, layer, self.options, order, *self.layer_moments(index)
+        )
+        if torch.equal(match, torch.arange(len(match))):
+            return False
+        stages = attention_stages(grams, layer, match, kv_match, "permutation", self.options)
+        self.apply(ModelTransform(attention={index: stages["permutation"]}))
+        return True
+
+    def align_attention(self, index: int) -> None:
+        """Both stages on one layer, recording distances after each stage."""
+        layer = self.spec.blocks[index].attention
+        order = (self.options.head_orders or {}).get(index)
+        naive = layer_distance(self.original, self.target, layer)
+        element, record = align_attention_layer(
+            self.parameters, self.target, layer, self.options, order, naive, *self.layer_moments(index)
+        )
+        self.apply(ModelTransform(attention={index: element}))
+        overall = self.report.transform.attention[index]
+        record.assignment = torch.argsort(overall.query_permutation).tolist()
+        record.kv_assignment = torch.argsort(overall.kv_permutation).tolist()
+        self.report.layers.append(record)
+
+    def learn(self, attention: list[int]) -> None:
+        """``method="learned"``: descend the interpolation loss over the attention elements, from ``full``'s."""
+        slots = {slot.parameter for index in attention for slot in self.spec.blocks[index].attention.slots}
+        scoped = scope_parameters(self.working, self.report.scope, self.spec)
+        moving = [name for name in scoped if name not in slots]
+        learned: LearnedAlignment = learn_attention(
+            self.working, self.target_model, self.spec, attention, moving, self.calibration, self.options
+        )
+        if learned.transforms:
+            self.apply(ModelTransform(attention=learned.transforms))
+        self.report.learned = learned.to_dict()
+        layers = {layer.name: layer for layer in self.report.layers if layer.kind == "attention"}
+        for index in attention:
+            layer = self.spec.blocks[index].attention
+            layers[layer.name].distance["learned"] = layer_distance(self.parameters, self.target, layer)
+            layers[layer.name].seconds["learned"] = learned.seconds  # one descent over every layer
+
+    def match_units(self, feed_forward: list[int], whole: bool) -> None:
+        """Activation matching: the scope's FFN hidden units, and under ``full_model`` the task heads'
+        hidden units and the residual stream, each permuted to maximize its summed correlation with
+        the target's units over the calibration tokens (one pass of both models for all of them).
+
+        A unit's activations do not change under any other symmetry, so each permutation is solved
+        once, independently. Its correlations add up over every signal that carries the units: the
+        inputs of the modules that read them (the residual stream: every norm on it) and the outputs
+        of those that write them (an FFN's up and gate projections, each stacked copy alike).
+        """
+        start = time.perf_counter()
+        permutations = {("feed_forward", i): self.spec.blocks[i].feed_forward.hidden for i in feed_forward}
+        if whole:
+            permutations |= {("task_head", i): head for i, head in enumerate(self.spec.task_heads)}
+            if self.spec.residual is not None:
+                permutations["residual", 0] = self.spec.residual
+        if not permutations:
+            return
+        modules, outputs, signals = {}, set(), {}
+        for key, permutation in permutations.items():
+            if not permutation.readers + permutation.writers:
+                raise AlignmentError(
+                    f"{permutation.name}: the adapter for {type(self.working).__name__} names no module that reads "
+                    "or writes these units, so they cannot be matched by activation; use unit_matching='weight'"
+                )
+            named = [(f"{permutation.name} reads {m}", m) for m in permutation.readers]
+            named += [(f"{permutation.name} writes {m}", m) for m in permutation.writers]
+            for signal, module in named:
+                modules[signal] = (self.working.get_submodule(module), self.target_model.get_submodule(module))
+            outputs.update(signal for signal, _ in named[len(permutation.readers) :])
+            signals[key] = [signal for signal, _ in named]
+        correlations = paired_correlations(
+            self.working, self.target_model, modules, self.calibration, frozenset(outputs)
+        )
+        perms = {}
+        for key, permutation in permutations.items():
+            correlation = sum(stacked_copies(correlations[signal], permutation.size) for signal in signals[key])
+            self.require_finite(
+                bool(torch.isfinite(correlation).all()), f"{permutation.name}: the activation correlation"
+            )
+            perms[key] = best_permutation(correlation)
+        self.apply(
+            ModelTransform(
+                feed_forward={i: perm for (kind, i), perm in perms.items() if kind == "feed_forward"},
+                task_heads={i: perm for (kind, i), perm in perms.items() if kind == "task_head"},
+                residual=perms.get(("residual", 0)),
+            )
+        )
+        seconds = time.perf_counter() - start
+        for key, perm in perms.items():
+            permutation = permutations[key]
+            self.record_permutation(permutation.name, key[0], perm, permutation.axes, seconds)
+
+    def best_permutation(self, permutation: AxisPermutation, axes) -> torch.Tensor | None:
+        """The weight-matching permutation of ``permutation``'s axis read through ``axes``; ``None`` if identity."""
+        correlation = axis_correlation(self.parameters, self.target, axes, permutation.size)
+        self.require_finite(bool(torch.isfinite(correlation).all()), f"{permutation.name}: the weight correlation")
+        perm = best_permutation(correlation)
+        return None if torch.equal(perm, torch.arange(permutation.size)) else perm
+
+    def permute_feed_forward(self, index: int) -> bool:
+        hidden = self.spec.blocks[index].feed_forward.hidden
+        perm = self.best_permutation(hidden, hidden.axes)
+        if perm is not None:
+            self.apply(ModelTransform(feed_forward={index: perm}))
+        return perm is not None
+
+    def permute_task_head(self, index: int) -> bool:
+        hidden = self.spec.task_heads[index]
+        perm = self.best_permutation(hidden, hidden.axes)
+        if perm is not None:
+            self.apply(ModelTransform(task_heads={index: perm}))
+        return perm is not None
+
+    def permute_residual(self, axes) -> bool:
+        perm = self.best_permutation(self.spec.residual, axes)
+        if perm is not None:
+            self.apply(ModelTransform(residual=perm))
+        return perm is not None
+
+    def record_permutation(self, name: str, kind: str, perm: torch.Tensor, axes, seconds: float) -> None:
+        """Report one permutation and the distance over ``axes`` before and after it."""
+        distance = {
+            "naive": axes_distance(self.original, self.target, axes),
+            "permutation": axes_distance(self.parameters, self.target, axes),
+        }
+        self.report.layers.append(
+            LayerAlignment(name, kind, torch.argsort(perm).tolist(), distance=distance, seconds={"match": seconds})
+        )
+
+
+def residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
+    """Residual axes of parameters no other symmetry moves (anchors), and those of FFN and task-head parameters."""
+    moved = {slot.parameter for layer in spec.attention for slot in layer.slots}
+    hidden = [block.feed_forward.hidden for block in spec.blocks if block.feed_forward] + list(spec.task_heads)
+    through_hidden = {name for permutation in hidden for name, _ in permutation.axes}
+    anchors = [(n, a) for n, a in spec.residual.axes if n not in moved and n not in through_hidden]
+    return anchors, [(n, a) for n, a in spec.residual.axes if n in through_hidden]
+
+
+def coordinate_descent(aligner: Aligner, spec: SymmetrySpec, attention: list[int], feed_forward: list[int]) -> None:
+    """Residual, FFN, task-head and head permutations for ``full_model``, each solved with the rest fixed."""
+    start = time.perf_counter()
+    anchors, through_hidden = residual_axes(spec) if spec.residual is not None else ([], [])
+    if spec.residual is not None:
+        aligner.permute_residual(anchors)
+    for _ in range(aligner.options.max_iterations):
+        changed = False
+        for index in feed_forward:
+            changed |= aligner.permute_feed_forward(index)
+        for index in range(len(spec.task_heads)):
+            changed |= aligner.permute_task_head(index)
+        for index in attention:
+            changed |= aligner.permute_heads(index)
+        if spec.residual is not None:
+            changed |= aligner.permute_residual(anchors + through_hidden)
+        if not changed:
+            break
+    seconds = time.perf_counter() - start
+    transform = aligner.report.transform
+    for index in feed_forward:
+        hidden = spec.blocks[index].feed_forward.hidden
+        perm = transform.feed_forward.get(index, torch.arange(hidden.size))
+        aligner.record_permutation(hidden.name, "feed_forward", perm, hidden.axes, seconds)
+    for index, hidden in enumerate(spec.task_heads):
+        perm = transform.task_heads.get(index, torch.arange(hidden.size))
+        aligner.record_permutation(hidden.name, "task_head", perm, hidden.axes, seconds)
+    if spec.residual is not None:
+        perm = torch.arange(spec.residual.size) if transform.residual is None else transform.residual
+        aligner.record_permutation("residual", "residual", perm, spec.residual.axes, seconds)

@@ -1,0 +1,148 @@
+"""The per-layer solves of alignment: both stages on one attention layer pair, read from any mapping of tensors.
+
+Each reads only the tensors of its layer, by spec name, from a ``Mapping[str, Tensor]``: a
+model's parameters in memory or a checkpoint streamed from disk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import torch
+
+from lmc.matching.calibration import PairedMoment
+from lmc.matching.checks import require_finite
+from lmc.matching.grams import LayerGrams
+from lmc.matching.heads import assign_heads, head_cost
+from lmc.matching.options import AlignOptions
+from lmc.matching.results import AlignmentError, LayerAlignment
+from lmc.matching.stage2 import attention_stages, stage_distances
+from lmc.symmetry import AttentionSpec, AttentionTransform, head_rows
+
+
+def stacked_copies(correlation: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``(size, size)`` sum of the diagonal blocks of a ``(k * size, k * size)`` correlation
+    (a fused projection's ``k`` stacked copies of the units, each copy matched with its own)."""
+    copies = correlation.shape[0] // size
+    if copies * size != correlation.shape[0]:
+        raise AlignmentError(f"a watched signal has {correlation.shape[0]} units, not a multiple of {size}")
+    return sum(correlation[c * size : (c + 1) * size, c * size : (c + 1) * size] for c in range(copies))
+
+
+def layer_distance(source: dict, target: dict, layer) -> float:
+    """Distance over the layer's per-head weights and biases (elementwise on views: no GEMM)."""
+    total = 0.0
+    for name in ("query", "key", "value", "out", "query_bias", "key_bias", "value_bias"):
+        rows = head_rows(source, layer, name)
+        if rows is not None:
+            total += float((rows - head_rows(target, layer, name)).double().pow(2).sum())
+    return total**0.5
+
+
+def axes_distance(source: dict, target: dict, axes) -> float:
+    names = dict.fromkeys(name for name, _ in axes)
+    return sum(float((source[n] - target[n]).detach().double().pow(2).sum()) for n in names) ** 0.5
+
+
+def attention_stage1(
+    source: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    layer: AttentionSpec,
+    options: AlignOptions,
+    order: list[int] | None = None,
+    input_moment: PairedMoment | None = None,
+    output_moment: PairedMoment | None = None,
+) -> tuple[LayerGrams, LayerGrams, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The Grams, the Stage 1 cost and head assignment of one layer pair, and the seconds each took.
+
+    Args:
+        source, target: Parameters holding (at least) the layer's tensors, by spec name.
+        layer: The layer.
+        options: Metric and Stage 2 settings (the ``weight`` metric runs Stage 2 per candidate pair).
+        order: A head order to impose instead of Stage 1's (:func:`imposed_order`).
+        input_moment: The layer input's paired moments (augmented with 1), for ``objective="data"``
+            and ``metric="activation"``.
+        output_moment: What ``W_O`` reads, paired, for ``metric="activation"``.
+
+    Returns:
+        ``(grams, stage2_grams, cost, match, kv_match, seconds)``: the weight Grams, the Grams
+        Stage 2 fits (the data Grams under ``objective="data"``), ``cost`` ``(h, h)``, ``match``
+        the target head of each source query head ``(h,)``, ``kv_match`` that of each KV head ``(h_kv,)``.
+    """
+    dtype = source[layer.query.parameter].dtype
+    seconds = {}
+    start = time.perf_counter()
+    grams = LayerGrams.compute(source, target, layer)
+    require_finite(grams.all_finite(), f"{layer.name}: the Gram matrices", dtype)
+    data_grams = None
+    if input_moment is not None:
+        data_grams = LayerGrams.compute(source, target, layer, input_moment)
+        require_finite(data_grams.all_finite(), f"{layer.name}: the data Gram matrices", dtype)
+    stage2_grams = data_grams if options.objective == "data" else grams
+    seconds["grams"] = time.perf_counter() - start
+    start = time.perf_counter()
+    cost_grams = data_grams if options.metric == "activation" else stage2_grams
+    cost = head_cost(cost_grams, layer, options, output_moment)
+    require_finite(bool(torch.isfinite(cost).all()), f"{layer.name}: the Stage 1 head cost", dtype)
+    match, kv_match = assign_heads(cost, layer.queries_per_kv) if order is None else imposed_order(order, layer)
+    seconds["stage1"] = time.perf_counter() - start
+    return grams, stage2_grams, cost, match, kv_match, seconds
+
+
+def align_attention_layer(
+    source: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    layer: AttentionSpec,
+    options: AlignOptions,
+    order: list[int] | None = None,
+    naive_distance: float | None = None,
+    input_moment: PairedMoment | None = None,
+    output_moment: PairedMoment | None = None,
+) -> tuple[AttentionTransform, LayerAlignment]:
+    """Both stages on one attention layer pair: the group element up to ``options.last_stage`` and its record.
+
+    Reads only the layer's tensors, so a caller can hand it one layer of each model at a time.
+
+    Args:
+        source, target: Parameters holding (at least) the layer's tensors, by spec name.
+        layer: The layer.
+        options: Method, metric and Stage 2 settings (``options.method`` is not ``"naive"``).
+        order: A head order to impose instead of Stage 1's.
+        naive_distance: The distance before alignment, recorded first (default: from ``source``).
+        input_moment, output_moment: Activation statistics of data-aware options (:func:`attention_stage1`).
+
+    Returns:
+        ``(element, record)``: ``element`` maps the source layer's weights to the aligned ones;
+        ``record.assignment``/``kv_assignment`` describe this element alone.
+    """
+    grams, stage2_grams, cost, match, kv_match, seconds = attention_stage1(
+        source, target, layer, options, order, input_moment, output_moment
+    )
+    start = time.perf_counter()
+    stages = attention_stages(stage2_grams, layer, match, kv_match, options.last_stage, options)
+    seconds["stage2"] = time.perf_counter() - start
+    naive = layer_distance(source, target, layer) if naive_distance is None else naive_distance
+    distance = {"naive": naive, **stage_distances(grams, layer, match, kv_match, stages)}
+    record = LayerAlignment(
+        name=layer.name,
+        kind="attention",
+        assignment=match.tolist(),
+        kv_assignment=kv_match.tolist(),
+        stage1_cost=cost.tolist(),
+        distance=distance,
+        seconds=seconds,
+    )
+    return stages[options.last_stage], record
+
+
+def imposed_order(order: list[int], layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(match, kv_match)`` of a given head order, refused unless it keeps query heads with their KV head."""
+    q = layer.queries_per_kv
+    match = torch.as_tensor(order)
+    if len(order) != layer.num_heads:
+        raise AlignmentError(f"{layer.name}: a head order needs {layer.num_heads} entries, got {len(order)}")
+    groups = match.view(-1, q) // q
+    if not bool((groups == groups[:, :1]).all()):
+        raise AlignmentError(f"{layer.name}: head order {order} splits the query heads of a key/value head")
+    return match, groups[:, 0].clone()

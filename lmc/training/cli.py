@@ -1,0 +1,85 @@
+"""The LightningCLI of lmc (``lmc fit|validate|test|predict``): ``LMCModule`` and any ``LMCDataModule``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+from lmc.tasks import DataInfo
+
+
+def data_info(data) -> DataInfo:
+    """What a DataModule tells the model about itself (linked into ``model.data``)."""
+    return data.info
+
+
+@contextmanager
+def _program_arguments_only():
+    """Hide the process's own arguments while LightningCLI parses explicit ``args``.
+
+    LightningCLI warns whenever both are present (a guard for notebooks); ``lmc run`` and the
+    Python API always pass the arguments explicitly.
+    """
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def lightning_cli(
+    args: list[str] | None = None,
+    run: bool = True,
+    groups: Mapping[str, type] | None = None,
+    description: str | None = None,
+):
+    """The LightningCLI of lmc: model ``LMCModule``, data any ``LMCDataModule`` subclass.
+
+    The DataModule's sizing metadata is linked into ``model.data`` so a model is always sized to
+    its data. The resolved config is saved into the run's log folder, never elsewhere.
+
+    Args:
+        args: The arguments (``None``: the command line).
+        run: Run the subcommand (``fit``, ``validate``, ...); ``False`` only parses and instantiates.
+        groups: Further config groups, each a dataclass instantiated into ``cli.config_init``
+            (``lmc run``'s ``protocol``).
+        description: The parser's ``--help`` description when ``run`` is ``False``.
+    """
+    from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+
+    from lmc.data import LMCDataModule
+    from lmc.training import LMCModule
+
+    class SaveConfigIntoTheRunFolder(SaveConfigCallback):
+        """Save the config only where the run keeps its logs, and never over an input file."""
+
+        def setup(self, trainer, pl_module, stage: str) -> None:
+            if trainer.logger is None or trainer.logger.log_dir is None:
+                return  # no run folder: the working directory is the user's, not ours
+            inputs = {Path(str(c)).resolve() for c in self.config.get("config") or []}
+            if (Path(trainer.logger.log_dir) / self.config_filename).resolve() in inputs:
+                return
+            super().setup(trainer, pl_module, stage)
+
+    class LMCLightningCLI(LightningCLI):
+        def add_arguments_to_parser(self, parser) -> None:
+            parser.link_arguments("data", "model.data", compute_fn=data_info, apply_on="instantiate")
+            for name, group in (groups or {}).items():
+                parser.add_class_arguments(group, name, instantiate=True)
+
+    with _program_arguments_only() if args is not None else nullcontext():
+        return LMCLightningCLI(
+            LMCModule,
+            LMCDataModule,
+            subclass_mode_data=True,
+            save_config_callback=SaveConfigIntoTheRunFolder,
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            run=run,
+            auto_configure_optimizers=False,
+            # Without subcommands this parser is lmc run's: say so in its --help.
+            parser_kwargs={} if run or description is None else {"description": description},
+        )

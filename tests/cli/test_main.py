@@ -1,0 +1,99 @@
+"""The ``lmc`` entry point: its commands, one-line errors, and the files it never touches."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from lmc.cli import main
+from lmc.cli.parsing import underscored
+from lmc.cli.symmetry import run
+from lmc.experiments.protocol import experiment_cli
+
+CONFIGS = Path(__file__).parents[2] / "configs"
+
+
+def test_symmetry_demo_rows_show_exact_symmetries_and_broken_near_misses(capsys):
+    rows = {row["model"]: row for row in run(("vit-tiny", "llama-tiny", "roformer-tiny"))}
+    assert rows["vit-tiny"]["symmetry"] < 1e-12 and rows["vit-tiny"]["gl_on_qk"] < 1e-12
+    assert rows["vit-tiny"]["other_h"] is None
+    assert rows["roformer-tiny"]["symmetry"] < 1e-12
+    assert rows["llama-tiny"]["symmetry"] < 2e-6  # RMSNorm in float32
+    for name in ("llama-tiny", "roformer-tiny"):
+        assert rows[name]["gl_on_qk"] > 1e-4 and rows[name]["other_h"] > 1e-4
+    assert all(row["weights"] > 0.5 for row in rows.values())
+    assert "RoFormerForSequenceClassification" in capsys.readouterr().out
+
+
+def test_an_unknown_model_is_one_line_naming_the_choices(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["symmetry", "--models", "[resnet50]"])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "unknown model(s) ['resnet50']" in line and "llama-tiny" in line
+
+
+def test_errors_show_the_traceback_on_request(monkeypatch):
+    monkeypatch.setenv("LMC_DEBUG", "1")
+    with pytest.raises(ValueError, match="unknown model"):
+        main(["symmetry", "--models", "[resnet50]"])
+
+
+def test_python_dash_m_lmc_runs_the_symmetry_command():
+    result = subprocess.run(
+        [sys.executable, "-m", "lmc", "symmetry", "--models", "[reference-vit-tiny]"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("reference-vit-tiny"))
+    assert "ReferenceTransformer" in row and "GL(8)" in row
+
+
+def test_flags_take_dashes_or_underscores():
+    argv = ["align", "a", "--merge-alpha", "[0.5]", "--num-alphas=3", "--overwrite", "x-y", "-h"]
+    assert underscored(argv) == ["align", "a", "--merge_alpha", "[0.5]", "--num_alphas=3", "--overwrite", "x-y", "-h"]
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for command in ("fit", "run", "align", "interpolate", "equivalent", "demo", "symmetry"):
+        assert f"lmc {command}" in text or f"{command} " in text
+
+
+def test_fit_never_writes_over_the_users_config(tmp_path, monkeypatch):
+    # Issue #10, case 4: the debug config turns the logger off; the merged config used to land in the cwd.
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "config.yaml"
+    mine.write_text((CONFIGS / "experiment" / "digits_vit_ape.yaml").read_text().replace("../", f"{CONFIGS}/"))
+    before = mine.read_text()
+    main(["fit", "--config", "config.yaml", "--config", str(CONFIGS / "debug" / "fast.yaml")])
+    assert mine.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
+def test_explicit_arguments_do_not_trigger_lightnings_args_warning(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["lmc", "run", "--config", "x.yaml"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        experiment_cli(["--config", str(CONFIGS / "experiment" / "digits_vit_ape.yaml")], run=False)
+    assert not [w for w in caught if "args" in str(w.message) and "LightningCLI" in str(w.message)]
+    assert sys.argv == ["lmc", "run", "--config", "x.yaml"]
+
+
+@pytest.mark.parametrize("command", ["fit", "run"])
+def test_a_yaml_syntax_error_names_the_file_and_line(command, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  model: [unclosed\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--config", str(bad)])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{bad}: YAML syntax error at line 3" in line

@@ -1,0 +1,297 @@
+"""Interpolation sweeps: in place equals copies, barriers follow their definitions, sweeps resume."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from lmc.connectivity.interpolation import (
+    SweepStore,
+    barriers,
+    evaluate,
+    evenly_spaced,
+    fingerprint,
+    point_metrics,
+    reduce_sums,
+    sweep,
+)
+
+
+def _model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+
+
+def _batches():
+    generator = torch.Generator().manual_seed(0)
+    return [
+        {
+            "inputs": torch.randn(10, 6, generator=generator, dtype=torch.float64),
+            "labels": torch.randint(3, (10,), generator=generator),
+        }
+        for _ in range(3)
+    ]
+
+
+def _sums(model: nn.Module):
+    def metric_sums(batch):
+        logits = model(batch["inputs"])
+        return {
+            "count": torch.tensor(len(batch["labels"]), dtype=torch.float64),
+            "loss": nn.functional.cross_entropy(logits, batch["labels"], reduction="sum"),
+            "accuracy": (logits.argmax(-1) == batch["labels"]).sum().double(),
+        }
+
+    return metric_sums
+
+
+def _point(model: nn.Module) -> dict[str, float]:
+    sums = evaluate(_sums(model), _batches(), torch.device("cpu"))
+    return point_metrics({name: float(value) for name, value in sums.items()})
+
+
+def test_in_place_sweep_equals_one_copy_per_alpha():
+    a, b, alphas = _model(0), _model(1), evenly_spaced(7)
+    model = copy.deepcopy(a)
+    endpoint_a = [p.detach().clone() for p in a.parameters()]
+    endpoint_b = [p.detach().clone() for p in b.parameters()]
+    points = sweep(
+        model,
+        endpoint_a,
+        endpoint_b,
+        lambda: evaluate(_sums(model), _batches(), torch.device("cpu")),
+        alphas,
+        SweepStore.open(None, "k"),
+        "naive",
+    )
+    losses = set()
+    for point, alpha in zip(points, alphas):
+        copy_model = copy.deepcopy(a)
+        with torch.no_grad():
+            for p, pa, pb in zip(copy_model.parameters(), a.parameters(), b.parameters()):
+                p.copy_(torch.lerp(pa, pb, alpha))
+        assert point == {"alpha": alpha, **_point(copy_model)}  # float64 throughout: exactly equal
+        losses.add(point["loss"])
+    assert len(losses) == len(alphas)  # every point was evaluated at its own weights
+    for p, pa in zip(model.parameters(), a.parameters()):  # the model ends with end point A
+        assert torch.equal(p, pa)
+
+
+def test_evaluate_sums_every_named_metric_and_a_point_divides_by_the_count():
+    def metric_sums(batch):  # a metric the sweep has never heard of travels like the others
+        n = len(batch["labels"])
+        return {"count": torch.tensor(float(n)), "loss": torch.tensor(2.0 * n), "brier": torch.tensor(0.5)}
+
+    sums = evaluate(metric_sums, _batches(), torch.device("cpu"))
+    assert {name: float(value) for name, value in sums.items()} == {"count": 30.0, "loss": 60.0, "brier": 1.5}
+    assert all(value.dtype == torch.float64 for value in sums.values())
+    assert point_metrics({"count": 30.0, "loss": 60.0, "brier": 1.5}) == {"loss": 2.0, "brier": 0.05}
+    with pytest.raises(ValueError, match="nothing was evaluated"):
+        evaluate(metric_sums, [], torch.device("cpu"))
+
+
+def test_reduce_sums_uses_one_collective_in_sorted_name_order():
+    calls = []
+
+    def all_reduce(stacked):  # stands for a sum over ranks: adds the position to each entry
+        calls.append(stacked.clone())
+        return stacked + torch.arange(len(stacked), dtype=stacked.dtype)
+
+    sums = {"loss": torch.tensor(10.0), "count": torch.tensor(20.0), "accuracy": torch.tensor(30.0)}
+    reduced = reduce_sums(sums, all_reduce)
+    assert len(calls) == 1 and calls[0].tolist() == [30.0, 20.0, 10.0]  # accuracy, count, loss
+    assert list(reduced) == ["loss", "count", "accuracy"]  # the caller's order is kept
+    assert {name: float(value) for name, value in reduced.items()} == {"accuracy": 30.0, "count": 21.0, "loss": 12.0}
+
+
+def test_barriers_follow_their_definitions():
+    alphas = evenly_spaced(5)
+    losses = [1.0, 1.6, 2.0, 1.5, 3.0]
+    accuracies = [0.9, 0.7, 0.5, 0.6, 0.7]
+    result = barriers([{"alpha": a, "loss": x, "accuracy": y} for a, x, y in zip(alphas, losses, accuracies)])
+    line = [1.0 + 2.0 * a for a in alphas]
+    assert result["loss_barrier"] == pytest.approx(max(value - s for value, s in zip(losses, line)), abs=1e-15)
+    acc_line = [0.9 - 0.2 * a for a in alphas]
+    assert result["accuracy_barrier"] == pytest.approx(max(s - x for s, x in zip(acc_line, accuracies)), abs=1e-15)
+    assert result["loss_barrier_rebasin"] == pytest.approx(3.0 - 2.0, abs=1e-15)
+    assert result["accuracy_barrier_rebasin"] == pytest.approx(0.8 - 0.5, abs=1e-15)
+    with pytest.raises(ValueError, match="at least 2 points"):
+        evenly_spaced(1)
+
+
+def test_fingerprint_sees_every_byte_and_a_permutation():
+    weight = torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert fingerprint([weight]) == fingerprint([weight.clone()])
+    # Same sums and sums of squares, another function: rows of a layer permuted.
+    assert fingerprint([weight[torch.tensor([1, 0, 2, 3, 4, 5, 6, 7])]]) != fingerprint([weight])
+    nudged = weight.clone()
+    nudged[3, 2] = torch.nextafter(nudged[3, 2], torch.tensor(torch.inf, dtype=torch.float64))
+    assert fingerprint([nudged]) != fingerprint([weight])  # one ulp of one entry
+    assert fingerprint([weight.float()]) != fingerprint([weight])  # the dtype
+    assert fingerprint([weight.reshape(5, 8)]) != fingerprint([weight])  # the shape
+    assert fingerprint([weight.T]) == fingerprint([weight.T.contiguous()])  # bytes in logical order
+    assert fingerprint([weight], extra={"split": "val"}) != fingerprint([weight], extra={"split": "test"})
+
+
+def test_a_killed_sweep_resumes_to_the_same_results(tmp_path):
+    a, b, alphas = _model(0), _model(1), evenly_spaced(25)
+    endpoint_a = [p.detach().clone() for p in a.parameters()]
+    endpoint_b = [p.detach().clone() for p in b.parameters()]
+    key = fingerprint(endpoint_a, endpoint_b, extra="test")
+    model = copy.deepcopy(a)
+    evaluated = []
+
+    def dying_after(limit):
+        def evaluate_point():
+            if len(evaluated) == limit:
+                raise KeyboardInterrupt  # the job is killed mid-sweep
+            evaluated.append(1)
+            return evaluate(_sums(model), _batches(), torch.device("cpu"))
+
+        return evaluate_point
+
+    path = tmp_path / "state.json"
+    with pytest.raises(KeyboardInterrupt):
+        sweep(model, endpoint_a, endpoint_b, dying_after(10), alphas, SweepStore.open(path, key), "aligned")
+    assert len(json.loads(path.read_text())["points"]["aligned"]) == 10
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), endpoint_a))  # restored after the kill
+
+    evaluated.clear()
+    resumed = sweep(model, endpoint_a, endpoint_b, dying_after(99), alphas, SweepStore.open(path, key), "aligned")
+    assert len(evaluated) == 15  # only the missing points
+    fresh_model = copy.deepcopy(a)
+    fresh = sweep(
+        fresh_model,
+        endpoint_a,
+        endpoint_b,
+        lambda: evaluate(_sums(fresh_model), _batches(), torch.device("cpu")),
+        alphas,
+        SweepStore.open(None, key),
+        "aligned",
+    )
+    assert resumed == fresh
+
+
+def test_a_state_file_from_another_sweep_is_ignored(tmp_path):
+    path = tmp_path / "state.json"
+    store = SweepStore.open(path, "first")
+    store.put("naive", 0, {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, write=True)
+    assert SweepStore.open(path, "first").get("naive", 0) == {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}
+    assert SweepStore.open(path, "second").get("naive", 0) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # atomic writes leave no temporary files
+
+
+@pytest.mark.parametrize("content", ['{"key": "first", "points": {"naive": {"0": {"al', "", "\xff\xfe"])
+def test_a_truncated_state_file_is_ignored_with_a_warning_naming_it(tmp_path, content):
+    path = tmp_path / "state.json"
+    path.write_bytes(content.encode("latin-1"))
+    with pytest.warns(UserWarning, match=f"unreadable sweep state {path}"):
+        store = SweepStore.open(path, "first")
+    assert store.points == {}
+    store.put("naive", 0, {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, write=True)  # and replaced by a good one
+    assert SweepStore.open(path, "first").get("naive", 0) == {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}
+
+
+def test_sweeps_of_one_pair_share_their_naive_curve(tmp_path):
+    """The naive curve depends on neither the scope nor the alignment options: evaluated once per pair."""
+    from torch.utils.data import DataLoader, Subset
+
+    from lmc.adapters import scope_parameters
+    from lmc.connectivity import Evaluation, SweepHooks, measure_connectivity
+    from lmc.data import Digits
+    from lmc.matching import AlignOptions
+    from lmc.training import LMCModule
+
+    data = Digits()
+    module, other = LMCModule("reference-vit-tiny", data=data.info), LMCModule("reference-vit-tiny", data=data.info)
+    free = set(scope_parameters(module.model, "first_attention"))
+    with torch.no_grad():
+        for name, parameter in other.model.named_parameters():
+            if name not in free:
+                parameter.copy_(dict(module.model.named_parameters())[name])
+    calls = []
+    batches = DataLoader(Subset(data.split("val"), range(40)), batch_size=20)
+    evaluation = Evaluation(lambda batch: calls.append(1) or module.metric_sums(batch), batches, "val", {}, {})
+    results = []
+    for method in ("orthogonal", "full"):
+        hooks = SweepHooks(tmp_path / method / "state.json", naive_state_path=tmp_path / "naive.json")
+        alphas = [0.0, 0.5, 1.0]
+        results.append(
+            measure_connectivity(
+                module.model, other.model, "first_attention", AlignOptions(method=method), alphas, evaluation, hooks
+            )
+        )
+    assert len(calls) == 2 * (3 + 3 + 3)  # two batches per point: naive once, each aligned curve once
+    assert results[0]["curves"]["naive"] == results[1]["curves"]["naive"]
+    assert results[0]["key"] != results[1]["key"]
+
+
+def test_an_alignment_made_by_the_caller_is_used_not_made_again(monkeypatch):
+    from torch.utils.data import DataLoader, Subset
+
+    import lmc.connectivity.measure
+    from lmc.connectivity import Evaluation, measure_connectivity
+    from lmc.data import Digits
+    from lmc.matching import AlignOptions, align
+    from lmc.training import LMCModule
+
+    data = Digits()
+    module, other = LMCModule("reference-vit-tiny", data=data.info), LMCModule("reference-vit-tiny", data=data.info)
+    batches = DataLoader(Subset(data.split("val"), range(20)), batch_size=20)
+    evaluation = Evaluation(module.metric_sums, batches, "val", {}, {})
+    options, alphas = AlignOptions(method="orthogonal"), [0.0, 0.5, 1.0]
+    expected = measure_connectivity(module.model, other.model, "full_model", options, alphas, evaluation)
+    alignment = align(other.model, module.model, "full_model", options)
+
+    def never(*args, **kwargs):
+        raise AssertionError("aligned again")
+
+    monkeypatch.setattr(lmc.connectivity.measure, "align", never)
+    given = measure_connectivity(
+        module.model, other.model, "full_model", options, alphas, evaluation, alignment=alignment
+    )
+    assert given["key"] == expected["key"] and given["curves"] == expected["curves"]
+    with pytest.raises(ValueError, match="pass the alignment of the sweep's settings"):
+        measure_connectivity(
+            module.model, other.model, "full_model", AlignOptions(), alphas, evaluation, alignment=alignment
+        )
+
+
+def test_a_changed_alignment_of_the_same_settings_never_resumes_its_stale_points(tmp_path):
+    """A matcher that changed since a killed sweep (same options, another element): its curve is
+    evaluated again, the naive one still resumes."""
+    from torch.utils.data import DataLoader, Subset
+
+    from lmc.connectivity import Evaluation, SweepHooks, measure_connectivity
+    from lmc.data import Digits
+    from lmc.matching import AlignOptions, align
+    from lmc.training import LMCModule
+
+    data = Digits()
+    module, other = LMCModule("reference-vit-tiny", data=data.info), LMCModule("reference-vit-tiny", data=data.info)
+    calls = []
+    batches = DataLoader(Subset(data.split("val"), range(20)), batch_size=20)
+    evaluation = Evaluation(lambda batch: calls.append(1) or module.metric_sums(batch), batches, "val", {}, {})
+    options, alphas = AlignOptions(method="orthogonal"), [0.0, 0.5, 1.0]
+    aligned, report = align(other.model, module.model, "full_model", options)
+    hooks = SweepHooks(tmp_path / "state.json", naive_state_path=tmp_path / "naive.json")
+    first = measure_connectivity(module.model, other.model, "full_model", options, alphas, evaluation, hooks)
+    assert len(calls) == 6
+    calls.clear()
+    again = measure_connectivity(
+        module.model, other.model, "full_model", options, alphas, evaluation, hooks, alignment=(aligned, report)
+    )
+    assert calls == [] and again["curves"] == first["curves"]  # the same element: everything resumes
+    stale = copy.deepcopy(aligned)
+    with torch.no_grad():
+        next(stale.parameters()).add_(0.5)
+    changed = measure_connectivity(
+        module.model, other.model, "full_model", options, alphas, evaluation, hooks, alignment=(stale, report)
+    )
+    assert len(calls) == 3  # the aligned curve again, not the naive one
+    assert changed["curves"]["naive"] == first["curves"]["naive"]
+    assert changed["curves"]["aligned"] != first["curves"]["aligned"]

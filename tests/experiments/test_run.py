@@ -1,0 +1,324 @@
+"""``lmc run``: the whole protocol from one config, resumable, never reusing another configuration's results."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import statistics
+
+import lightning
+import pytest
+import yaml
+
+import lmc.connectivity.robustness
+import lmc.experiments.run
+import lmc.experiments.table1
+from lmc.cli import main
+from lmc.connectivity import BARRIERS
+from lmc.connectivity.interpolation import barriers, evenly_spaced
+from lmc.experiments.protocol import Protocol, alignment_labels
+from lmc.experiments.spread import spread
+from lmc.experiments.summary import summarize
+from lmc.experiments.table1 import rank_and_l_hat
+from lmc.matching import AlignOptions
+
+
+def _config(tmp_path, **protocol) -> str:
+    """A tiny experiment: the tiny reference ViT on digits, a few steps per stage."""
+    config = {
+        "seed_everything": 0,
+        "model": {"model": "reference-vit-tiny", "model_config": {"pe": "rope"}, "lr": 3e-3},
+        "data": {"class_path": "lmc.data.Digits", "init_args": {"batch_size": 32}},
+        "trainer": {
+            "accelerator": "cpu",
+            "max_epochs": 1,
+            "limit_train_batches": 6,
+            "limit_val_batches": 1,
+            "num_sanity_val_steps": 0,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+        },
+        "protocol": {
+            "output_dir": str(tmp_path / "run"),
+            "seeds": 3,
+            "num_alphas": 5,
+            "alignments": [{"method": "permutation"}, {"method": "full"}],
+            **protocol,
+        },
+    }
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def _summary(tmp_path) -> dict:
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary.pop("protocol")
+    return summary
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("experiment")
+    main(["run", "--config", _config(tmp_path)])
+    return tmp_path
+
+
+def test_run_fits_every_seed_sweeps_every_pair_and_summarizes(finished, capsys):
+    root = finished / "run"
+    for stage in ("pretrain", "seed0", "seed1", "seed2"):
+        assert (root / stage / "final.ckpt").is_file() and (root / stage / "stage.json").is_file()
+    protocol = json.loads((root / "summary.json").read_text())["protocol"]
+    # Where the curves were measured: the whole validation split (digits: 15 % of 1797 images).
+    assert (protocol["split"], protocol["curve_samples"], protocol["split_samples"]) == ("val", 269, 269)
+    summary = _summary(finished)
+    assert summary["pairs"] == ["0_1", "0_2", "1_2"]
+    assert set(summary["alignments"]) == {"permutation", "full"}
+    for label, entry in summary["alignments"].items():
+        for pair in summary["pairs"]:
+            result = json.loads((root / "pairs" / pair / label / "lmc_results.json").read_text())
+            (reference,) = result["references"].values()
+            assert reference["alignment"]["options"]["method"] == label
+            assert entry["per_pair"][pair]["aligned"]["loss_barrier"] == reference["curves"]["aligned"]["loss_barrier"]
+        per_pair = [entry["per_pair"][pair] for pair in summary["pairs"]]
+        # A ratio is NaN exactly when the naive curve has no barrier (these runs are a few steps long).
+        assert all(
+            math.isfinite(p["barrier_ratio"]["loss_barrier"]) == (p["naive"]["loss_barrier"] > 0) for p in per_pair
+        )
+        ratios = [
+            p["barrier_ratio"]["loss_barrier"] for p in per_pair if math.isfinite(p["barrier_ratio"]["loss_barrier"])
+        ]
+        assert entry["barrier_ratio"]["loss_barrier"]["mean"] == pytest.approx(statistics.fmean(ratios), rel=1e-12)
+        assert entry["barrier_ratio"]["loss_barrier"]["std"] == pytest.approx(statistics.stdev(ratios), rel=1e-12)
+        assert len(entry["mean_curves"]["aligned"]) == 5
+    # Every pair shares the naive curve: the naive barriers do not depend on the alignment.
+    naive = {label: e["naive"]["loss_barrier"]["mean"] for label, e in summary["alignments"].items()}
+    assert naive["permutation"] == naive["full"]
+    table = (root / "summary.md").read_text()
+    assert "| full |" in table and "| permutation |" in table
+    assert (root / "summary_full.png").stat().st_size > 0 and (root / "summary.csv").is_file()
+    assert list((root / "tensorboard" / "lmc").glob("events.out.tfevents.*"))
+
+
+def test_a_killed_run_resumes_without_refitting_and_ends_identical(finished, tmp_path, monkeypatch):
+    config = _config(tmp_path)
+    sweeps = {"count": 0}
+    real = lmc.experiments.run.measure_connectivity
+
+    def killed_during_the_second_pair(*args, **kwargs):
+        sweeps["count"] += 1
+        if sweeps["count"] == 3:
+            raise KeyboardInterrupt  # the kill
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lmc.experiments.run, "measure_connectivity", killed_during_the_second_pair)
+    with pytest.raises(KeyboardInterrupt):
+        main(["run", "--config", config])
+    assert not (tmp_path / "run" / "summary.json").exists()
+    monkeypatch.setattr(lmc.experiments.run, "measure_connectivity", real)
+
+    fits = []
+    monkeypatch.setattr(lightning.Trainer, "fit", lambda self, *args, **kwargs: fits.append(args))
+    main(["run", "--config", config])
+    assert fits == []  # every stage had finished before the kill
+    assert _summary(tmp_path)["alignments"] == _summary(finished)["alignments"]
+
+
+def test_a_changed_config_never_reuses_a_stage(finished, tmp_path, capsys):
+    root = tmp_path / "run"
+    (root / "seed0").mkdir(parents=True)
+    for stage in ("pretrain", "seed0"):
+        (root / stage).mkdir(exist_ok=True)
+        for name in ("final.ckpt", "stage.json"):
+            (root / stage / name).write_bytes((finished / "run" / stage / name).read_bytes())
+    changed = _config(tmp_path, finetune={"lr": 1e-2})
+    with pytest.raises(SystemExit):
+        main(["run", "--config", changed])
+    error = capsys.readouterr().err
+    assert "seed0" in error and "another configuration" in error and "--protocol.overwrite" in error
+
+
+def test_protocol_values_are_checked_while_parsing(tmp_path, capsys):
+    for bad, message in (
+        ({"seeds": 1}, "at least 2"),
+        ({"num_alphas": 1}, "at least 2"),
+        ({"alignments": []}, "empty"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["run", "--config", _config(tmp_path, **bad)])
+        assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="the same settings twice"):
+        Protocol(alignments=[AlignOptions(), AlignOptions()])
+
+
+def test_labels_name_what_differs_from_the_defaults():
+    options = [AlignOptions(), AlignOptions(method="orthogonal"), AlignOptions(metric="weight", steps=5)]
+    assert alignment_labels(options) == ["full", "orthogonal", "full-metric=weight-steps=5"]
+
+
+def test_summary_statistics_by_hand():
+    assert spread([1.0, 2.0, 4.0]) == {"mean": 7 / 3, "std": pytest.approx(1.5275252316519468), "min": 1.0,
+                                       "max": 4.0, "count": 3}  # fmt: skip
+    assert spread([float("nan")])["count"] == 0
+    curve = [{"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, {"alpha": 1.0, "loss": 3.0, "accuracy": 0.7}]
+    result = {
+        "curves": {c: {"points": curve, **dict.fromkeys(BARRIERS, 1.0)} for c in ("naive", "aligned")},
+        "barrier_ratio": {"loss_barrier": 50.0, "accuracy_barrier": 25.0},
+    }
+    summary = summarize(
+        {
+            (0, 1): {"full": {**result, "alignment": {"seconds": 1.0}}},
+            (0, 2): {"full": {**result, "alignment": {"seconds": 2.0}}},
+        },
+        ["full"],
+    )
+    assert summary["alignment_seconds"]["full"]["mean"] == 1.5
+    assert summary["alignments"]["full"]["barrier_ratio"]["loss_barrier"]["mean"] == 50.0
+    assert summary["alignments"]["full"]["mean_curves"]["naive"][1]["loss"] == 3.0
+
+
+def test_rank_and_l_hat_by_hand():
+    barriers = {"0123": 0.50, "1023": 0.20, "0132": 0.20, "3210": 0.90}
+    # The chosen order ties for the best barrier: rank 1; the method matches L_top1: L_hat 0.
+    assert rank_and_l_hat(barriers, "0132", method=0.20, naive=1.0) == (1, 0.0)
+    # Two orders are strictly better than 0.50: rank 3; (0.40 - 0.20) / (1.00 - 0.20) = 25 %.
+    assert rank_and_l_hat(barriers, "0123", method=0.40, naive=1.0) == (3, pytest.approx(25.0))
+    assert rank_and_l_hat(barriers, "3210", method=0.90, naive=0.90)[0] == 4
+    assert math.isnan(rank_and_l_hat(barriers, "0123", method=0.3, naive=0.1)[1])  # naive below L_top1
+
+
+@pytest.mark.slow
+def test_head_orders_rank_every_order_of_the_first_layer(tmp_path):
+    config = _config(tmp_path, seeds=2, num_alphas=2, head_orders=True, alignments=[{"method": "full"}])
+    main(["run", "--config", config])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    study = summary["head_orders"]
+    assert study["orders"] == 24  # 4 heads
+    (entry,) = study["alignments"]["full"]["per_pair"].values()
+    orders = sorted(p.name for p in (tmp_path / "run" / "pairs" / "0_1" / "orders").iterdir())
+    assert len(orders) == 24 and entry["order"] in orders
+    barriers = {}
+    for order in orders:
+        result = json.loads((tmp_path / "run" / "pairs" / "0_1" / "orders" / order / "lmc_results.json").read_text())
+        (reference,) = result["references"].values()
+        assert reference["alignment"]["layers"][0]["assignment"] == [int(h) for h in order]  # the imposed order
+        barriers[order] = reference["curves"]["aligned"]["loss_barrier"]
+    assert entry["loss_barrier"]["top1"] == min(barriers.values())
+    assert entry["loss_barrier"]["rank"] == 1 + sum(b < barriers[entry["order"]] for b in barriers.values())
+    assert "| full |" in (tmp_path / "run" / "summary.md").read_text().split("Head orders")[1]
+
+
+def test_screened_head_orders_give_the_ranks_and_l_hat_of_all_whole_curves(tmp_path):
+    """Orders whose three-alpha bound cannot beat a picked order keep the bound; the rest get whole curves."""
+    orders = list(itertools.permutations(range(3)))  # 6 orders of 3 heads
+    gaps = {"012": 0.27, "021": 0.10, "102": 0.50, "120": 0.20, "201": 0.42, "210": 0.60}  # whole-curve barriers
+
+    def curve(label, alphas):
+        # Loss is 0 at both ends and peaks at alpha 0.25, so the middle alpha sees 2/3 of the barrier.
+        peak = gaps.get(label, 1.0)
+        loss = [peak * (a / 0.25 if a <= 0.25 else (1 - a) / 0.75) for a in alphas]
+        points = [{"alpha": a, "loss": value, "accuracy": 1 - value} for a, value in zip(alphas, loss)]
+        return {"points": points, **barriers(points)}
+
+    swept = []
+
+    def sweep(options, folder, at=None, figures=True):
+        at = at or evenly_spaced(5)
+        label = "".join(map(str, options.head_orders[0]))
+        swept.append((label, len(at)))
+        return {"settings": {"alphas": at}, "curves": {"aligned": curve(label, at), "naive": curve("naive", at)}}
+
+    picked = {"full": {"alignment": {"layers": [{"kind": "attention", "assignment": [1, 2, 0]}]}}}
+    result = lmc.experiments.table1.sweep_head_orders(orders, picked, evenly_spaced(5), tmp_path, sweep)
+    whole = {label for label, count in swept if count == 5}
+    # 120 is picked (0.20); only 021 (0.10 < 0.20) must be known exactly, but the bound (2/3 of the
+    # barrier) of 012 (0.18) is below 0.20 too, so it is swept whole; 102, 201, 210 keep their bounds.
+    assert whole == {"120", "021", "012"}
+    exact = {label: curve(label, evenly_spaced(5))["loss_barrier"] for label in gaps}
+    loss = {label: r["curves"]["aligned"]["loss_barrier"] for label, r in result.items()}
+    assert (
+        rank_and_l_hat(loss, "120", 0.2, 1.0) == rank_and_l_hat(exact, "120", 0.2, 1.0) == (2, pytest.approx(100 / 9))
+    )
+
+
+def test_robustness_tables_agree_with_the_curves_and_are_reused(finished, tmp_path, monkeypatch):
+    shutil.copytree(finished / "run", tmp_path / "run")  # the same stages: nothing is trained again
+    config = _config(tmp_path, robustness=True, seeds=2)
+    main(["run", "--config", config])
+    root, pair = tmp_path / "run", tmp_path / "run" / "pairs" / "0_1"
+    study = json.loads((root / "summary.json").read_text())["robustness"]
+    models = ["target", "source", "naive_midpoint", "aligned_midpoint:permutation", "aligned_midpoint:full"]
+    assert study["models"] == models and list(study["severities"]) == ["gaussian_noise", "gaussian_blur"]
+    table = json.loads((pair / "robustness.json").read_text())["models"]
+    assert study["per_pair"] == {"0_1": table} and list(table) == models
+    # Clean data: the end points and midpoints are points of the curves (alphas 0, 0.5 and 1 of 5).
+    for label in ("permutation", "full"):
+        (result,) = json.loads((pair / label / "lmc_results.json").read_text())["references"].values()
+        naive, aligned = result["curves"]["naive"]["points"], result["curves"]["aligned"]["points"]
+        assert table["target"]["clean"]["accuracy"] == naive[0]["accuracy"] == aligned[0]["accuracy"]
+        assert table["source"]["clean"]["accuracy"] == naive[4]["accuracy"]
+        assert table["naive_midpoint"]["clean"] == {k: v for k, v in naive[2].items() if k != "alpha"}
+        assert table[f"aligned_midpoint:{label}"]["clean"] == {k: v for k, v in aligned[2].items() if k != "alpha"}
+    for model in models:
+        for corruption in ("gaussian_noise", "gaussian_blur"):
+            cells = study["accuracy"][model][corruption]
+            assert [c["mean"] for c in cells] == [level["accuracy"] for level in table[model][corruption]]
+    section = (root / "summary.md").read_text().split("input corruptions")[1]
+    assert "| aligned_midpoint:full |" in section and "gaussian_blur 3" in section
+
+    # A rerun reuses the table; a deleted one is measured again, to the same numbers.
+    first = json.loads((root / "summary.json").read_text())["robustness"]
+    measured = []
+    real = lmc.connectivity.robustness.corruption_table
+    monkeypatch.setattr(
+        lmc.connectivity.robustness, "corruption_table", lambda *a, **k: measured.append(1) or real(*a, **k)
+    )
+    main(["run", "--config", config])
+    assert measured == []
+    (pair / "robustness.json").unlink()
+    main(["run", "--config", config])
+    assert measured == [1]
+    assert json.loads((root / "summary.json").read_text())["robustness"] == first
+
+
+@pytest.mark.slow
+def test_run_with_a_data_aware_alignment_records_its_calibration(tmp_path):
+    alignments = [{"method": "full"}, {"objective": "data", "metric": "activation", "calibration_batches": 2}]
+    main(["run", "--config", _config(tmp_path, seeds=2, alignments=alignments)])
+    folder = tmp_path / "run" / "pairs" / "0_1" / "full-metric=activation-objective=data-calibration_batches=2"
+    (result,) = json.loads((folder / "lmc_results.json").read_text())["references"].values()
+    calibration = result["settings"]["calibration"]
+    assert calibration["split"] == "train" and calibration["num_samples"] == 64
+    assert calibration["data"]["part"] == "B"  # the fine-tuning half, never the curves' split
+    assert result["alignment"]["calibration"]["batches"] == 2
+    (plain,) = json.loads((tmp_path / "run" / "pairs" / "0_1" / "full" / "lmc_results.json").read_text())[
+        "references"
+    ].values()
+    assert "calibration" not in plain["settings"] and "objective" not in plain["settings"]["options"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["alignments"]
+    assert summary["full-metric=activation-objective=data-calibration_batches=2"]["calibration"] == {
+        "split": ["train"],
+        "num_samples": [64],
+    }
+    assert "calibration" not in summary["full"]
+
+
+def test_run_with_a_learned_alignment_starts_from_full_and_never_ends_above_it(tmp_path):
+    alignments = [{"method": "full"}, {"method": "learned", "learned_steps": 4, "calibration_batches": 2}]
+    main(["run", "--config", _config(tmp_path, seeds=2, alignments=alignments)])
+    pair = tmp_path / "run" / "pairs" / "0_1"
+    (result,) = json.loads((pair / "learned-calibration_batches=2-learned_steps=4" / "lmc_results.json").read_text())[
+        "references"
+    ].values()
+    assert result["settings"]["calibration"]["data"]["part"] == "B"
+    learned = result["alignment"]["learned"]
+    assert learned["steps"] == 4 and learned["objective"]["learned"] <= learned["objective"]["full"]
+    (full,) = json.loads((pair / "full" / "lmc_results.json").read_text())["references"].values()
+    assert "learned_steps" not in full["settings"]["options"] and full["alignment"]["learned"] is None
+    # Both share the naive curve; the learned path's end points are full's (the same functions).
+    assert result["curves"]["naive"] == full["curves"]["naive"]
+    for end in (0, -1):
+        learned_end, full_end = result["curves"]["aligned"]["points"][end], full["curves"]["aligned"]["points"][end]
+        assert learned_end["loss"] == pytest.approx(full_end["loss"], rel=1e-5)

@@ -1,0 +1,196 @@
+"""``lmc repro``: the study's configs, its checks, and its quick form end to end (resumed to the same bytes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmc.adapters import model_spec
+from lmc.cli import main
+from lmc.experiments.protocol import experiment_cli
+from lmc.experiments.study import Family, Study, load_study, schedule
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDY, QUICK = "configs/study/repro.yaml", "configs/study/quick.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _in_the_repository(monkeypatch):
+    monkeypatch.chdir(ROOT)  # study configs name their files relative to the repository
+
+
+def test_every_family_is_the_papers_six_layers_and_four_heads():
+    study = load_study([STUDY])
+    assert [family.name for family in study.families] == [
+        "vit_ape", "vit_rope", "bert_ape", "bert_rope", "gpt2_ape", "llama_rope"
+    ]  # fmt: skip
+    assert study.strategies == ["first_attention", "all_attention", "first_block", "full_model"]
+    for family in study.families:
+        cli = experiment_cli(study.run_arguments(family, "first_attention", None), run=False)
+        layers = model_spec(cli.model.model).attention
+        assert len(layers) == 6 and {layer.num_heads for layer in layers} == {4}, family.name
+        assert cli.config_init.protocol.seeds == (5 if family.table1 else 3)
+        assert bool(cli.config_init.protocol.head_orders) == family.table1
+    assert [family.name for family in study.families if family.table1] == ["vit_ape", "vit_rope"]
+
+
+def test_run_arguments_share_the_pretrained_model_and_train_full_model_from_scratch():
+    study = load_study([STUDY])
+    family = study.families[0]
+    args = study.run_arguments(family, "first_block", Path("runs/x/pretrain/final.ckpt"))
+    assert "--protocol.pretrained=runs/x/pretrain/final.ckpt" in args
+    assert "--protocol.robustness=true" not in study.run_arguments(family, "first_attention", None)
+    assert "--protocol.robustness=true" in study.run_arguments(family, "full_model", None)
+
+
+def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypatch, tmp_path):
+    import lmc.experiments.run
+    import lmc.experiments.study
+
+    study = dataclasses.replace(load_study([STUDY]), output_dir=str(tmp_path))
+    assert study.methods_strategies == ["first_attention", "first_block"]
+    assert study.method_labels == [
+        "full",
+        "full-metric=activation-objective=data-unit_matching=activation",
+        "learned",
+    ]
+    runs = {}
+    monkeypatch.setattr(lmc.experiments.run.Experiment, "run", lambda self: runs.update({self.protocol.reinit: self}))
+    monkeypatch.setattr(lmc.experiments.study, "first_layer_inputs", lambda experiment: {})
+    for strategy in study.strategies:
+        lmc.experiments.study.run_strategy(study, study.families[0], strategy)  # a Table 1 family
+    labels = {
+        strategy: lmc.experiments.run.alignment_labels(run.protocol.alignment_options) for strategy, run in runs.items()
+    }
+    table1 = ["permutation", "orthogonal", "full", "full-metric=weight", "full-metric=correlation"]
+    assert labels == {
+        "first_attention": table1 + study.method_labels[1:],
+        "all_attention": ["full"],
+        "first_block": study.method_labels,
+        "full_model": ["full"],
+    }
+    assert runs["full_model"].protocol.finetune.max_epochs == runs["full_model"].protocol.pretrain.max_epochs
+
+
+def test_the_schedule_pretrains_first_then_runs_the_largest_runs_first():
+    study = load_study([STUDY])
+    tasks = schedule(study)
+    names = [task.name for task in tasks]
+    assert len(set(names)) == len(names) == len(study.families) * (1 + len(study.strategies))
+    assert names[:6] == [f"{family.name}/pretrain" for family in study.families]
+    assert names[6:8] == ["vit_rope/first_attention", "vit_ape/first_attention"]  # Table 1
+    runs = tasks[6:]
+    extras = [(task.strategy in study.methods_strategies) + (task.strategy in study.robustness) for task in runs[2:]]
+    assert extras == sorted(extras, reverse=True)  # then the runs with more to measure
+    assert tasks[-1].strategy == "all_attention"
+    # Where the pre-training and its log go: the first strategy's run folder, which every run reads.
+    assert tasks[0].log(study) == Path(study.output_dir) / "vit_ape" / "first_attention" / "log.txt"
+    assert study.pretrained(study.families[0]) == Path(study.output_dir) / "vit_ape/first_attention/pretrain/final.ckpt"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"strategies": ["first_layer"]}, "first_layer"),
+        ({"seeds": 1}, "at least 2"),
+        ({"families": []}, "at least one family"),
+        ({"overlays": ["configs/study/missing.yaml"]}, "configs/study/missing.yaml does not exist"),
+        ({"report": "configs/study/repro.yaml"}, "must be a Markdown file"),
+        ({"methods_strategies": ["first_blocks"]}, "first_blocks"),
+    ],
+)
+def test_bad_studies_are_refused_by_name(change, message):
+    study = load_study([STUDY])
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        dataclasses.replace(study, **change)
+
+
+def test_a_familys_configs_follow_its_experiment_config_and_must_exist(tmp_path):
+    narrow = tmp_path / "narrow.yaml"
+    narrow.write_text("model: {model_config: {pe: learned, width: 16, head_dim: 16}}\n")
+    family = Family("narrow", "ViT, width 16", "configs/study/vit_ape.yaml", configs=[str(narrow)])
+    study = Study(families=[family], strategies=["first_attention"])
+    layer = model_spec(experiment_cli(study.run_arguments(family, "first_attention", None), run=False).model.model)
+    assert {(a.width, a.num_heads, a.head_dim) for a in layer.attention} == {(16, 4, 16)}
+    with pytest.raises(FileNotFoundError, match="missing.yaml does not exist"):
+        Study(families=[dataclasses.replace(family, configs=["configs/study/missing.yaml"])])
+
+
+def test_family_names_must_be_unique():
+    family = Family("vit_ape", "ViT", "configs/study/vit_ape.yaml")
+    with pytest.raises(ValueError, match="unique"):
+        Study(families=[family, family])
+
+
+@pytest.mark.slow
+def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsys):
+    where = tmp_path / "where.yaml"
+    where.write_text(
+        yaml.safe_dump({"study": {"output_dir": str(tmp_path / "runs"), "report": str(tmp_path / "r.md")}})
+    )
+    args = ["repro", "--study", f'["{STUDY}", "{QUICK}", "{where}"]', "--jobs", "2"]
+    main(args)
+    report = (tmp_path / "r.md").read_text()
+    machine = json.loads((tmp_path / "runs" / "machine.json").read_text())  # where the numbers come from
+    assert machine["threads"] == 1 and f" Computed on {machine['processor']} ({machine['kernels']} kernels" in report
+    # The quick form's curves use 8 samples of each validation split, and the report says so.
+    assert "| `configs/study/vit_rope.yaml` | first_attention, full_model | val, first 8 of 269 samples |" in report
+    assert "| `configs/study/llama_rope.yaml` | first_attention, full_model | val, first 8 of 364 samples |" in report
+    # Table 1 of the ViT family; both strategies of both families; robustness of full_model.
+    table1 = report.split("## Table 1")[1].split("## Appendix K")[0]
+    assert "| ViT, digits, RoPE | 1 |" in table1 and "| paper (ViT/BERT, 4 data sets) |" in table1
+    strategies = report.split("## The four re-initialization strategies")[1].split("## Robustness")[0]
+    for name, title in (("vit_rope", "ViT, digits, RoPE"), ("llama_rope", "Llama, byte LM, RoPE (GQA 4/2)")):
+        for strategy in ("first_attention", "full_model"):
+            assert f"| {title} | {strategy} | 1 |" in strategies
+        assert f"### {title}, full_model: aligned > naive in " in report
+        assert (tmp_path / "r" / f"{name}.png").is_file()
+    methods = report.split("## Beyond the paper")[1].split("## Robustness")[0]
+    labels = "| `full` | `full-metric=activation-objective=data-unit_matching=activation-calibration_batches=2` |"
+    assert labels in methods
+    for title in ("ViT, digits, RoPE", "Llama, byte LM, RoPE (GQA 4/2)"):
+        assert f"| {title} | first_attention | 1 | train, " in methods
+    assert "| ViT, digits, RoPE | first_attention | 1 | train, 64 samples |" in methods  # 2 batches of 32
+    assert "The best method is at or below 5 % in " in methods and " runs with a naive barrier" in methods
+    times = (tmp_path / "r" / "alignment_seconds.md").read_text()
+    assert "| ViT, digits, RoPE | first_attention | " in times
+    checkpoints = sorted((tmp_path / "runs").rglob("final.ckpt"))
+    stamps = [path.stat().st_mtime_ns for path in checkpoints]
+    # Pre-trained once per family, then 2 seeds per strategy.
+    assert len(checkpoints) == 2 * (1 + 2 * 2)
+
+    (tmp_path / "r.md").unlink()
+    main(args)  # resumes: nothing is trained again, and the same runs give the same report
+    assert [path.stat().st_mtime_ns for path in checkpoints] == stamps
+    assert (tmp_path / "r.md").read_text() == report
+
+
+def test_a_study_file_that_does_not_parse_is_one_line_naming_it(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("study:\n  strategies: [first_layer]\n")
+    for study, message in ((f'["{STUDY}", "{bad}"]', "first_layer"), ('["configs/study/nope.yaml"]', "nope.yaml")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["repro", "--study", study])
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err.strip()
+        assert len(error.splitlines()) == 1 and error.startswith("lmc: error: study ") and message in error, error
+
+
+def test_a_task_whose_config_its_parser_refuses_is_one_line_naming_it_and_its_log(tmp_path, capsys):
+    bad = tmp_path / "bad_key.yaml"
+    bad.write_text("model: {model_konfig: {width: 16}}\n")
+    study = tmp_path / "study.yaml"
+    family = {"name": "v", "title": "V", "experiment": "configs/study/vit_ape.yaml", "configs": [str(bad)]}
+    runs = {"output_dir": str(tmp_path / "runs"), "report": str(tmp_path / "r.md")}
+    study.write_text(yaml.safe_dump({"study": {"families": [family], "strategies": ["first_attention"], **runs}}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["repro", "--study", f'["{study}"]', "--jobs", "1"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    log = tmp_path / "runs" / "v" / "first_attention" / "log.txt"
+    assert len(error.splitlines()) == 1 and error.startswith("lmc: error: v/pretrain stopped with status 2: "), error
+    assert "model_konfig" in error and str(log) in error and not (tmp_path / "r.md").exists()

@@ -1,0 +1,239 @@
+"""lmc.formats.streamed.align_directories: streamed alignment of save_pretrained folders equals align() in memory."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+
+import lmc.formats.streamed
+from lmc.adapters import adapter_for, scope_parameters
+from lmc.formats.streamed import align_directories
+from lmc.matching import PROBE_RTOL, AlignmentError, align
+from lmc.models import create_model, randomize_parameters_
+
+ROOT = Path(__file__).parents[2]
+
+
+def fine_tuned_pair(name: str, scope: str, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
+    """Two models equal outside ``scope`` and independently random inside it, stored in ``dtype``."""
+    source = randomize_parameters_(create_model(name), seed=0)
+    target = copy.deepcopy(source)
+    fresh = dict(randomize_parameters_(copy.deepcopy(source), seed=1).named_parameters())
+    with torch.no_grad():
+        for parameter_name, parameter in target.named_parameters():
+            if parameter_name in scope_parameters(source, scope):
+                parameter.copy_(fresh[parameter_name])
+    return source.to(dtype), target.to(dtype)
+
+
+def save(model: nn.Module, folder: Path, sharded: bool) -> Path:
+    model.save_pretrained(folder, max_shard_size="20KB" if sharded else "1GB")
+    assert (folder / "model.safetensors.index.json").is_file() == sharded
+    return folder
+
+
+def outputs(model: nn.Module) -> torch.Tensor:
+    adapter = adapter_for(model)
+    with torch.no_grad():
+        return adapter.forward(model, adapter.example_inputs(model, 3, torch.Generator().manual_seed(7))).double()
+
+
+CASES = [
+    ("llama-tiny", torch.bfloat16, True, "all_attention"),
+    ("llama-tiny", torch.float32, False, "first_block"),
+    ("gpt2-tiny", torch.float32, True, "first_block"),
+    ("gpt2-tiny", torch.bfloat16, False, "all_attention"),
+    ("bert-tiny", torch.float32, False, "all_attention"),
+    ("bert-tiny", torch.bfloat16, True, "first_attention"),
+]
+
+
+@pytest.mark.parametrize(("name", "dtype", "sharded", "scope"), CASES)
+def test_streamed_alignment_equals_align_in_memory(tmp_path, name, dtype, sharded, scope):
+    source, target = fine_tuned_pair(name, scope, dtype)
+    source_dir, target_dir = save(source, tmp_path / "source", sharded), save(target, tmp_path / "target", False)
+
+    report = align_directories(source_dir, target_dir, tmp_path / "out", scope, merge_alphas=[0.5, 1])
+    aligned, expected = align(source, target, scope)
+
+    assert [layer.assignment for layer in report.layers] == [layer.assignment for layer in expected.layers]
+    assert report.distance == pytest.approx(expected.distance, rel=1e-12)
+    assert report.distance["aligned"] < report.distance["naive"]
+    assert 0 < report.probe_relative_error <= PROBE_RTOL[dtype]
+    written = type(source).from_pretrained(tmp_path / "out" / "aligned", dtype=dtype).eval()
+    aligned_weights, target_weights = aligned.state_dict(), target.state_dict()
+    for parameter_name, value in written.state_dict().items():
+        assert value.dtype == dtype
+        assert torch.equal(value, aligned_weights[parameter_name]), parameter_name
+    reference = outputs(source)
+    assert float((outputs(written) - reference).norm() / reference.norm()) <= PROBE_RTOL[dtype]
+    merged = type(source).from_pretrained(tmp_path / "out" / "merged_0.5", dtype=dtype).state_dict()
+    for parameter_name, value in merged.items():
+        lerped = torch.lerp(target_weights[parameter_name], aligned_weights[parameter_name], 0.5)
+        assert torch.equal(value, lerped), parameter_name
+    end_point = type(source).from_pretrained(tmp_path / "out" / "merged_1", dtype=dtype).state_dict()
+    assert all(torch.equal(end_point[k], v) for k, v in written.state_dict().items())
+    # Sharded like the source, with its index and config; the report beside them.
+    assert sorted(p.name for p in (tmp_path / "out" / "aligned").iterdir()) == sorted(
+        p.name for p in source_dir.iterdir()
+    )
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["scope"] == scope
+
+
+def test_a_planted_pair_is_recovered_exactly(tmp_path):
+    from lmc.adapters import random_symmetry
+
+    source = randomize_parameters_(create_model("llama-tiny", dtype=torch.float64, attention_bias=True), seed=0)
+    target = random_symmetry(source, scope="all_attention", seed=3)
+    report = align_directories(
+        save(source, tmp_path / "s", True), save(target, tmp_path / "t", True), tmp_path / "out", "all_attention"
+    )
+    assert report.distance["aligned"] < 1e-9 * report.distance["naive"]
+    written = type(source).from_pretrained(tmp_path / "out" / "aligned", dtype=torch.float64).state_dict()
+    for parameter_name, value in target.state_dict().items():
+        torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-9)
+
+
+@pytest.fixture
+def llama_pair(tmp_path) -> tuple[Path, Path]:
+    source, target = fine_tuned_pair("llama-tiny", "all_attention", torch.float32)
+    return save(source, tmp_path / "source", True), save(target, tmp_path / "target", False)
+
+
+def test_a_failure_midway_leaves_no_output(tmp_path, llama_pair, monkeypatch):
+    written = []
+
+    def failing_write(handle, tensor):
+        written.append(tensor)
+        if len(written) == 7:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lmc.formats.streamed, "_write_tensor", failing_write)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(OSError, match="No space left"):
+        align_directories(*llama_pair, tmp_path / "out", "all_attention", merge_alphas=[0.5])
+    assert sorted(os.listdir(tmp_path)) == before  # neither the output nor its temporary folder
+
+
+def test_existing_output_is_replaced_only_when_asked_and_only_when_complete(tmp_path, llama_pair, monkeypatch):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "old.txt").write_text("old")
+    with pytest.raises(ValueError, match="already exists"):
+        align_directories(*llama_pair, output, "all_attention")
+    monkeypatch.setattr(lmc.formats.streamed, "_write_tensor", lambda handle, tensor: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        align_directories(*llama_pair, output, "all_attention", overwrite=True)
+    assert sorted(os.listdir(output)) == ["old.txt"]
+    monkeypatch.undo()
+    align_directories(*llama_pair, output, "all_attention", overwrite=True)
+    assert sorted(os.listdir(output)) == ["aligned", "report.json"]
+    assert sorted(os.listdir(tmp_path)) == ["out", "source", "target"]
+
+
+def test_bad_pairs_and_outputs_are_refused(tmp_path, llama_pair):
+    source_dir, target_dir = llama_pair
+    with pytest.raises(AlignmentError, match="'full_model' is not streamed"):
+        align_directories(source_dir, target_dir, tmp_path / "out", "full_model")
+    with pytest.raises(AlignmentError, match="everything else must be identical, but model.layers.1"):
+        align_directories(source_dir, target_dir, tmp_path / "out", "first_attention")
+    with pytest.raises(ValueError, match="would overlap the input"):
+        align_directories(source_dir, target_dir, source_dir / "aligned", "all_attention")
+    with pytest.raises(ValueError, match=r"merge alphas must lie in \[0, 1\]"):
+        align_directories(source_dir, target_dir, tmp_path / "out", "all_attention", merge_alphas=[1.5])
+    other = save(create_model("llama-tiny", hidden_size=64), tmp_path / "wider", False)
+    with pytest.raises(AlignmentError, match="hold different tensors"):
+        align_directories(source_dir, other, tmp_path / "out", "all_attention")
+    with pytest.raises(lmc.checkpoints.CheckpointError, match="no config.json"):
+        align_directories(source_dir, tmp_path, tmp_path / "out", "all_attention")
+    assert sorted(os.listdir(tmp_path)) == ["source", "target", "wider"]
+
+
+def test_non_finite_weights_are_refused(tmp_path, llama_pair):
+    source_dir, target_dir = llama_pair
+    model = type(create_model("llama-tiny")).from_pretrained(source_dir)
+    with torch.no_grad():
+        model.model.norm.weight[0] = torch.nan
+    save(model, tmp_path / "nan", False)
+    with pytest.raises(AlignmentError, match="model.norm.weight holds NaN or Inf"):
+        align_directories(tmp_path / "nan", target_dir, tmp_path / "out", "all_attention")
+
+
+# The memory bound: a bf16 Llama of ~57 M parameters (113 MB, 16 layers of width 512) is aligned at
+# all_attention in a fresh interpreter, after a warm-up on a one-layer pair that loads every library
+# the alignment touches. The growth of the peak RSS must stay under a quarter of ONE model, where
+# loading both models whole would add twice a model. Chunks are shrunk to 1 MB so that the
+# embeddings and FFN matrices are copied in pieces, as an 8B model's are.
+MEMORY_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import lmc.formats.streamed
+    from lmc.matching import AlignOptions
+    from lmc.formats.streamed import align_directories
+
+    def peak():  # VmHWM: ru_maxrss would start at the parent's resident memory when it forked us
+        line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+
+    lmc.formats.streamed.CHUNK_BYTES = 1 << 20
+    root, options = sys.argv[1], AlignOptions(method="orthogonal")
+    align_directories(f"{root}/warm-source", f"{root}/warm-target", f"{root}/warm-out", "all_attention", options)
+    before = peak()
+    report = align_directories(f"{root}/big-source", f"{root}/big-target", f"{root}/big-out", "all_attention", options)
+    after = peak()
+    print(json.dumps({"before": before, "growth": after - before, "layers": len(report.layers)}))
+    """
+)
+
+
+def write_random_llama_pair(root: Path, name: str, layers: int) -> int:
+    """``root/<name>-source`` and ``-target``: bf16 Llamas differing only in attention; returns one's bytes."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=512, num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+        intermediate_size=1536, vocab_size=8192, max_position_embeddings=64, tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=0, architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(layers)
+    folders = [root / f"{name}-source", root / f"{name}-target"]
+    for folder in folders:
+        config.save_pretrained(folder)
+    state = {
+        n: (torch.randn(p.shape, generator=generator) * 0.05).bfloat16()
+        for n, p in lmc.formats.streamed.skeleton(folders[0]).named_parameters()
+    }
+    save_file(state, folders[0] / "model.safetensors", metadata={"format": "pt"})
+    for n in state:
+        if "self_attn" in n:
+            state[n] = (torch.randn(state[n].shape, generator=generator) * 0.05).bfloat16()
+    save_file(state, folders[1] / "model.safetensors", metadata={"format": "pt"})
+    return sum(v.numel() * v.element_size() for v in state.values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak RSS from /proc (Linux)")
+def test_streamed_alignment_stays_far_below_two_models_in_memory(tmp_path):
+    write_random_llama_pair(tmp_path, "warm", 1)
+    model_bytes = write_random_llama_pair(tmp_path, "big", 16)
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path)], capture_output=True, text=True, env=environment, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    assert measured["layers"] == 16
+    assert measured["growth"] < model_bytes / 4, measured  # loading both whole adds 2 * model_bytes
+    with safe_open(str(tmp_path / "big-out" / "aligned" / "model.safetensors"), framework="pt") as handle:
+        assert len(list(handle.keys())) == 16 * 9 + 3
