@@ -125,14 +125,14 @@ def peak_rss() -> int:
 def measure_floor(source: str, target: str) -> dict:
     """Read each attention layer of both models and form its Gram blocks; nothing else."""
     from lmc.adapters import model_spec
-    from lmc.formats.streamed import HFCheckpoint, skeleton
+    from lmc.formats.streamed import open_folder, skeleton
     from lmc.matching.grams import LayerGrams
 
     spec = model_spec(skeleton(source))
     start = time.perf_counter()
-    checkpoints = HFCheckpoint(source), HFCheckpoint(target)
+    checkpoints = open_folder(source)[1], open_folder(target)[1]
     for layer in spec.attention:
-        source_layer, target_layer = ({n: c.read(n) for n in layer.parameters} for c in checkpoints)
+        source_layer, target_layer = ({n: c[n] for n in layer.parameters} for c in checkpoints)
         LayerGrams.compute(source_layer, target_layer, layer)
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss()}
 

@@ -23,28 +23,22 @@ data or settings) is never reused.
 from __future__ import annotations
 
 import glob
-import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader, Subset
-from tqdm.auto import tqdm
 
 from lmc.checkpoints import checkpoint_file, load_weights
 from lmc.connectivity import (
     CurveSplit,
     Evaluation,
+    ResultsOutput,
     SweepHooks,
     check_curve_split,
     data_identity,
-    log_to_tensorboard,
-    measure_connectivity,
-    retire_stale_results,
-    run_record,
-    sweep_settings,
+    sweep_and_write,
     training_calibration,
-    write_results,
 )
 from lmc.connectivity.interpolation import evenly_spaced
 from lmc.io import check_output_folder
@@ -147,9 +141,7 @@ class AlignAndInterpolate(L.Callback):
 
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         """Align, sweep and report for every reference; returns the results (on every rank)."""
-        started = time.perf_counter()
         scope = self.scope or pl_module.hparams.get("reinit") or "full_model"
-        folder = self.output_folder(trainer)
         paths = self.reference_paths(trainer)
         evaluation = self.evaluation(trainer, pl_module)
         calibration = None
@@ -157,37 +149,32 @@ class AlignAndInterpolate(L.Callback):
             calibration = training_calibration(
                 trainer.datamodule, pl_module.model_loss, self.options.calibration_batches
             )
-        settings = sweep_settings(scope, self.options, self.alphas, evaluation, calibration)
-        checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", None) or None
-        results: dict[str, Any] = {"run": run_record(pl_module.model, checkpoint, paths, settings), "references": {}}
-        if trainer.is_global_zero:
-            retire_stale_results(folder, results["run"]["key"])
+        experiment = getattr(trainer.logger, "experiment", None) if trainer.is_global_zero else None
+        output = ResultsOutput(
+            self.output_folder(trainer),
+            checkpoint=getattr(trainer.checkpoint_callback, "best_model_path", None) or None,
+            tensorboard=experiment if hasattr(experiment, "add_scalar") else None,
+            progress="Align and interpolate" if trainer.progress_bar_callback is not None else None,
+            timed=True,
+        )
+        hooks = SweepHooks(write=trainer.is_global_zero, barrier=trainer.strategy.barrier)
+
+        def load(path: Path):
+            return lambda: load_weights(pl_module.build_model(), path).to(pl_module.device).eval()
+
         was_training = pl_module.training
         pl_module.eval()
-        show = trainer.is_global_zero and trainer.progress_bar_callback is not None
-        bar = tqdm(total=2 * len(self.alphas) * len(paths), desc="Align and interpolate", disable=not show)
         try:
-            for index, path in enumerate(paths):
-                reference = load_weights(pl_module.build_model(), path).to(pl_module.device).eval()
-                hooks = SweepHooks(
-                    state_path=folder / f"lmc_sweep_state_{index}.json",
-                    write=trainer.is_global_zero,
-                    barrier=trainer.strategy.barrier,
-                    progress=lambda message: bar.update(1),
-                )
-                results["references"][str(path)] = measure_connectivity(
-                    pl_module.model, reference, scope, self.options, self.alphas, evaluation, hooks, calibration
-                )
+            return sweep_and_write(
+                output,
+                pl_module.model,
+                {path: load(path) for path in paths},
+                scope,
+                self.options,
+                self.alphas,
+                evaluation,
+                hooks,
+                calibration,
+            )
         finally:
-            bar.close()
             pl_module.train(was_training)
-        results["seconds"] = time.perf_counter() - started
-        if trainer.is_global_zero:
-            self.log_results(trainer, results)
-            write_results(folder, results)
-        return results
-
-    def log_results(self, trainer: L.Trainer, results: dict[str, Any]) -> None:
-        experiment = getattr(trainer.logger, "experiment", None)
-        if experiment is not None and hasattr(experiment, "add_scalar"):
-            log_to_tensorboard(experiment, results)

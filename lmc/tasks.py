@@ -14,6 +14,16 @@ from typing import Literal, get_args
 
 Task = Literal["image_classification", "text_classification", "causal_lm"]
 TASKS: tuple[Task, ...] = get_args(Task)
+#: Where interpolation curves are measured (never the training split).
+CurveSplit = Literal["val", "test"]
+CURVE_SPLITS: tuple[str, ...] = get_args(CurveSplit)
+
+
+def check_curve_split(split: str) -> None:
+    """Refuse a split that curves are not measured on, naming the choices."""
+    if split not in CURVE_SPLITS:
+        raise ValueError(f"unknown split {split!r} for interpolation curves; choose one of {', '.join(CURVE_SPLITS)}")
+
 
 #: The size fields each task needs, and those it may also set; any other size field is refused.
 _REQUIRED: dict[str, tuple[str, ...]] = {

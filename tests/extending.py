@@ -1,6 +1,6 @@
-"""What the README's "Extending lmc" section tells a newcomer to write, verbatim: a data set and a model.
+"""What docs/extending.md tells a newcomer to write, verbatim: a data set and a model.
 
-``tests/test_extending.py`` runs ``lmc run`` on them, so the README's recipe stays true.
+``tests/test_extending.py`` runs ``lmc run`` on them, so the recipe of docs/extending.md stays true.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's recipe for a new data set and a new model works end to end through ``lmc run``."""
+"""The recipe of docs/extending.md for a new data set and a new model works end to end through ``lmc run``."""
 
 from __future__ import annotations
 

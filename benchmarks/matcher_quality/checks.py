@@ -1,7 +1,7 @@
 """Exactness checks on trained pairs (float64): Stage 2 gradient, invariance of Stage 1 costs, the visible subspace.
 
 Reads seeds 0 and 1 and the pre-trained model of each positional encoding (``lmc run``'s
-checkpoints under ``--runs``, README: Reproduce).
+checkpoints under ``--runs``, benchmarks/matcher_quality/README.md).
 
 Usage: python -m benchmarks.matcher_quality.checks --runs runs/matcher_quality
 """
@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from benchmarks.matcher_quality.study import (
+from benchmarks.matcher_quality.pairs import (
     PES,
     Evaluator,
     build,

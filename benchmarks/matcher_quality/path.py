@@ -1,6 +1,6 @@
 """Along the Stage 2 refinement: weight distance and midpoint loss gap after k L-BFGS iterations.
 
-For every pair (at the default Stage 1 order and at the top-1 order found by ``benchmarks/matcher_quality/study.py``),
+For every pair (at the default Stage 1 order and at the top-1 order found by ``benchmarks/matcher_quality/pairs.py``),
 run the refinement with ``steps = k`` and record the squared distance (all weights, and the part
 visible to the function) and the loss gap at alpha = 0.5 (a lower bound of the barrier, equal
 to it on the aligned curves measured here in most pairs).
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.matcher_quality.study import (
+from benchmarks.matcher_quality.pairs import (
     ORDERS,
     Curve,
     Evaluator,

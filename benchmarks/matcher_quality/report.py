@@ -1,4 +1,4 @@
-"""Tables from the study's per-pair JSON records (``benchmarks/matcher_quality/study.py``): markdown on stdout.
+"""Tables from the study's per-pair JSON records (``benchmarks/matcher_quality/pairs.py``): markdown on stdout.
 
 Usage: python -m benchmarks.matcher_quality.report benchmarks/matcher_quality/results
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from benchmarks.matcher_quality.study import ORDERS
+from benchmarks.matcher_quality.pairs import ORDERS
 
 
 def ratio(value: float, naive: float) -> float:

@@ -7,13 +7,14 @@ from typing import Any
 
 from lmc.cli.inputs import (
     check_outputs,
-    checked_alphas,
     external_pair,
     refuse_data_aware_external,
     required,
     trained_scope,
 )
+from lmc.connectivity.interpolation import check_alphas
 from lmc.data import LMCDataModule
+from lmc.formats import Checkpoint, detect
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
 
@@ -23,7 +24,7 @@ def align(
     target: Path,
     output: Path | None = None,
     scope: Scope | None = None,
-    merge_alpha: list[float] | None = None,
+    merge_alpha: float | list[float] | None = None,
     overwrite: bool = False,
     timm_model: str | None = None,
     timm_args: dict[str, Any] | None = None,
@@ -45,7 +46,7 @@ def align(
         output: Folder for the outputs (required; created; never one of the inputs).
         scope: Symmetries to align; default: the re-initialization lmc checkpoints were fine-tuned
             with, full_model for other formats.
-        merge_alpha: Also write the merge at each of these alphas in [0, 1].
+        merge_alpha: Also write the merge at this alpha in [0, 1], or at each of a list of them ('[0.25, 0.5]').
         overwrite: Replace outputs that already exist.
         timm_model: The timm model name of state-dict files (timm.list_models()).
         timm_args: timm.create_model arguments of state-dict files, e.g. '{num_classes: 10}'.
@@ -54,21 +55,22 @@ def align(
             configs/data/*.yaml file, or a class path such as lmc.data.Digits.
         options: Alignment settings.
     """
-    import torch
-
     from lmc.connectivity import training_calibration
+    from lmc.connectivity.interpolation import interpolate
     from lmc.io import atomic_write_json
     from lmc.matching import align as align_models
     from lmc.training.module import load_trained, require_same_model, save_trained
 
     output = required(output, "--output DIR")
-    alphas = checked_alphas(merge_alpha or [])
-    if external_pair(source, target, timm_model):
+    given = [merge_alpha] if isinstance(merge_alpha, (int, float)) else merge_alpha or []
+    alphas = check_alphas(given, "--merge_alpha values")
+    checkpoints = detect(source, timm_model, timm_args), detect(target, timm_model, timm_args)
+    if external_pair(*checkpoints):
         refuse_data_aware_external(options)
-        if _streamable(source, target, timm_model, scope):
-            _align_streamed(source, target, output, scope, alphas, overwrite, options)
+        if _streamable(checkpoints, scope):
+            _align_streamed(checkpoints, output, scope, alphas, overwrite, options)
             return
-        _align_external(source, target, output, scope, alphas, overwrite, timm_model, timm_args, options)
+        _align_external(source, target, output, scope, alphas, overwrite, checkpoints, options)
         return
     outputs = [output / "aligned.ckpt", output / "report.json", *(output / f"merged_{a:g}.ckpt" for a in alphas)]
     check_outputs(outputs, inputs=[source, target], overwrite=overwrite)
@@ -91,30 +93,31 @@ def align(
     print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
     target_weights = target_module.model.state_dict()
     for alpha, path in zip(alphas, outputs[2:]):
-        merged = {name: torch.lerp(target_weights[name], value, alpha) for name, value in aligned_weights.items()}
+        merged = {name: interpolate(target_weights[name], value, alpha) for name, value in aligned_weights.items()}
         save_trained(merged, hyperparameters, path)
         print(f"merged (1 - {alpha:g}) * target + {alpha:g} * aligned source: wrote {path}")
 
 
-def _streamable(source: Path, target: Path, timm_model: str | None, scope: Scope | None) -> bool:
-    """Whether ``lmc align`` streams: two Hugging Face safetensors folders at a scope that streams."""
-    from lmc.formats import detect_format
-    from lmc.formats.huggingface import weight_files
-    from lmc.formats.streamed import STREAMED_SCOPES
+def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None) -> bool:
+    """Whether ``lmc align`` streams: two folders of safetensors (Hugging Face or timm) at a scope that streams."""
+    from lmc.formats.streamed import STREAMED_SCOPES, streamable
 
-    if scope not in STREAMED_SCOPES:
-        return False
-    folders = [path for path in (source, target) if detect_format(path, timm_model) == "huggingface"]
-    return len(folders) == 2 and all(f.suffix == ".safetensors" for path in folders for f in weight_files(path))
+    return scope in STREAMED_SCOPES and all(streamable(checkpoint) for checkpoint in checkpoints)
 
 
 def _align_streamed(
-    source: Path, target: Path, output: Path, scope: Scope, alphas: list[float], overwrite: bool, options: AlignOptions
+    checkpoints: tuple[Checkpoint, Checkpoint],
+    output: Path,
+    scope: Scope,
+    alphas: list[float],
+    overwrite: bool,
+    options: AlignOptions,
 ) -> None:
     """``lmc align`` of two safetensors folders, layer by layer and shard by shard (lmc.formats.streamed)."""
     from lmc.formats.streamed import align_directories
 
-    report = align_directories(source, target, output, scope, options, alphas, overwrite)
+    source, target = (checkpoint.path for checkpoint in checkpoints)
+    report = align_directories(*checkpoints, output, scope, options, alphas, overwrite)
     print(f"aligned {source} to {target} ({scope}, {options.method}, streamed): wrote {output / 'aligned'}")
     print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
     for alpha in alphas:
@@ -128,8 +131,7 @@ def _align_external(
     scope: Scope | None,
     alphas: list[float],
     overwrite: bool,
-    timm_model: str | None,
-    timm_args: dict[str, Any] | None,
+    checkpoints: tuple[Checkpoint, Checkpoint],
     options: AlignOptions,
 ) -> None:
     """``lmc align`` of Hugging Face or timm checkpoints: outputs in the inputs' own format, checked when read back."""
@@ -137,21 +139,23 @@ def _align_external(
 
     import torch
 
+    from lmc.connectivity.interpolation import interpolate
     from lmc.formats import load_external, require_same_architecture
     from lmc.io import atomic_output_folder, atomic_write_json
     from lmc.matching import AlignmentError
     from lmc.matching import align as align_models
+    from lmc.matching.checks import probe_error
 
     outputs = [output / "aligned", output / "report.json", *(output / f"merged_{a:g}" for a in alphas)]
     check_outputs(outputs, inputs=[source, target], overwrite=overwrite)
-    source_model = load_external(source, timm_model, timm_args)
-    target_model = load_external(target, timm_model, timm_args)
+    source_model, target_model = load_external(checkpoints[0]), load_external(checkpoints[1])
     require_same_architecture(source_model, target_model)
     scope = scope or "full_model"
     aligned, report = align_models(source_model.model, target_model.model, scope=scope, options=options)
     with atomic_output_folder(outputs[0], inputs=[source, target]) as folder:
         source_model.write(aligned, folder)
-        written_error = _relative_output_error(source_model.model, source_model.reload(folder), options)
+        written = source_model.reload(folder)
+        written_error = probe_error(source_model.model, written, options.probe_batch_size, options.seed)
         if not written_error <= report.check_rtol:
             raise AlignmentError(
                 f"the aligned model written to {outputs[0]} and read back changes the source's outputs by "
@@ -161,14 +165,12 @@ def _align_external(
     print(f"aligned {source} to {target} ({scope}, {options.method}): wrote {outputs[0]}")
     print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
     target_parameters = dict(target_model.model.named_parameters())
-    compute = getattr(torch, report.compute_dtype)  # half-precision merges are rounded once, from float32
     for alpha, path in zip(alphas, outputs[2:]):
         merged = copy.deepcopy(target_model.model)
         merged_parameters = dict(merged.named_parameters())
         with torch.no_grad():
             for name, parameter in aligned.named_parameters():
-                end_points = target_parameters[name].to(compute), parameter.to(compute)
-                merged_parameters[name].copy_(torch.lerp(*end_points, alpha))
+                merged_parameters[name].copy_(interpolate(target_parameters[name], parameter, alpha))
         with atomic_output_folder(path, inputs=[source, target]) as folder:
             source_model.write(merged, folder)
         del merged
@@ -191,16 +193,3 @@ def _align_external(
             "alignment": report.to_dict(),
         },
     )
-
-
-def _relative_output_error(reference, model, options: AlignOptions) -> float:
-    """``||f(x) - f_ref(x)|| / ||f_ref(x)||`` on the alignment's probe input (in float64)."""
-    import torch
-
-    from lmc.adapters import adapter_for
-
-    adapter = adapter_for(reference)
-    inputs = adapter.example_inputs(reference, options.probe_batch_size, torch.Generator().manual_seed(options.seed))
-    with torch.no_grad():
-        expected, found = adapter.forward(reference.eval(), inputs), adapter.forward(model.eval(), inputs)
-    return float((found - expected).double().norm() / expected.double().norm())

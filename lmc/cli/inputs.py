@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from lmc.data import LMCDataModule
+from lmc.formats import Checkpoint
 from lmc.matching import AlignOptions
 
 
@@ -14,13 +14,6 @@ def required(value: Any, flag: str) -> Any:
     if value is None:
         raise ValueError(f"{flag} is required")
     return value
-
-
-def checked_alphas(alphas: list[float]) -> list[float]:
-    bad = [a for a in alphas if not (math.isfinite(a) and 0 <= a <= 1)]
-    if bad:
-        raise ValueError(f"--merge_alpha values must lie in [0, 1], got {bad}")
-    return list(dict.fromkeys(alphas))
 
 
 def check_outputs(outputs: list[Path], inputs: list[Path], overwrite: bool) -> None:
@@ -53,18 +46,17 @@ def trained_scope(hyperparameters: dict[str, Any]) -> str:
     return hyperparameters.get("reinit") or "full_model"
 
 
-def external_pair(a: Path, b: Path, timm_model: str | None) -> bool:
+def external_pair(a: Checkpoint, b: Checkpoint) -> bool:
     """Whether A and B are Hugging Face or timm checkpoints (``False``: lmc checkpoints); mixed formats are refused."""
     from lmc.checkpoints import CheckpointError
-    from lmc.formats import detect_format
     from lmc.formats.external import FORMAT_NAMES
 
-    kinds = [detect_format(path, timm_model) for path in (a, b)]
-    if (kinds[0] == "lmc") != (kinds[1] == "lmc"):
+    if (a.format == "lmc") != (b.format == "lmc"):
         raise CheckpointError(
-            f"{a} is {FORMAT_NAMES[kinds[0]]} but {b} is {FORMAT_NAMES[kinds[1]]}: give two checkpoints of one format"
+            f"{a.path} is {FORMAT_NAMES[a.format]} but {b.path} is {FORMAT_NAMES[b.format]}: give two checkpoints "
+            "of one format"
         )
-    return kinds[0] != "lmc"
+    return a.format != "lmc"
 
 
 def refuse_data_aware_external(options: AlignOptions) -> None:
@@ -78,10 +70,9 @@ def refuse_data_aware_external(options: AlignOptions) -> None:
 
 def data_module(path: Path) -> LMCDataModule:
     """The DataModule of a ``configs/data/*.yaml`` group file."""
-    from jsonargparse import ArgumentParser
+    from lmc.training.cli import data_parser
 
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(LMCDataModule, "data")
+    parser = data_parser()
     try:
         return parser.instantiate_classes(parser.parse_args(["--data", str(path)])).data
     except Exception as error:  # jsonargparse's ArgumentError and whatever the DataModule raises

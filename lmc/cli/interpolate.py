@@ -13,8 +13,8 @@ from lmc.cli.inputs import (
     required,
     trained_scope,
 )
-from lmc.connectivity import CurveSplit
 from lmc.data import LMCDataModule
+from lmc.formats import Checkpoint, EvaluationDataOptions, detect
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
 
@@ -25,15 +25,11 @@ def interpolate(
     data: LMCDataModule | Path | None = None,
     output_dir: Path | None = None,
     scope: Scope | None = None,
-    split: CurveSplit = "val",
     num_alphas: int = 25,
-    batch_size: int | None = None,
     overwrite: bool = False,
-    text_column: str = "text",
-    label_column: str = "label",
-    sequence_length: int = 128,
     timm_model: str | None = None,
     timm_args: dict[str, Any] | None = None,
+    data_options: EvaluationDataOptions = EvaluationDataOptions(),
     options: AlignOptions = AlignOptions(),
 ) -> None:
     """Naive and aligned interpolation curves between checkpoints A and B, with their barriers.
@@ -56,16 +52,11 @@ def interpolate(
         output_dir: Folder for the results (required).
         scope: Symmetries to align; default: the re-initialization lmc checkpoints were
             fine-tuned with, full_model for other formats.
-        split: The split the curves are measured on (of a DataModule, or of a save_to_disk DatasetDict).
         num_alphas: Points on each curve (at least 2).
-        batch_size: Evaluation batch size (default: the DataModule's, 32 for the user's data).
         overwrite: Replace results of another sweep in OUTPUT_DIR.
-        text_column: The text column of the user's tables.
-        label_column: The label column of the user's tables (sequence classifiers).
-        sequence_length: Tokens per sequence of the user's text (windows for causal LMs, the
-            longest text for classifiers).
         timm_model: The timm model name of state-dict files (timm.list_models()).
         timm_args: timm.create_model arguments of state-dict files, e.g. '{num_classes: 10}'.
+        data_options: How DATA is read and batched (split, batch size, columns, sequence length).
         options: Alignment settings.
     """
     from torch.utils.data import DataLoader
@@ -76,17 +67,14 @@ def interpolate(
 
     data, output_dir = required(data, "--data FILE_OR_CLASS"), required(output_dir, "--output_dir DIR")
     alphas = evenly_spaced(num_alphas)
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"--batch_size must be positive, got {batch_size}")
     check_outputs([output_dir / "lmc_results.json"], inputs=[a, b], overwrite=True)
+    checkpoints = detect(a, timm_model, timm_args), detect(b, timm_model, timm_args)
     calibration = None
-    if external_pair(a, b, timm_model):
+    if external_pair(*checkpoints):
         refuse_data_aware_external(options)
         if not isinstance(data, Path):
             raise ValueError("--data of Hugging Face and timm models is a path to your data, not a DataModule")
-        model, reference, evaluation, task = _external_evaluation(
-            a, b, data, split, batch_size, text_column, label_column, sequence_length, timm_model, timm_args
-        )
+        model, reference, evaluation, task = _external_evaluation(*checkpoints, data, data_options)
         scope = scope or "full_model"
     else:
         data = data_module(data) if isinstance(data, Path) else data
@@ -95,7 +83,8 @@ def interpolate(
         require_same_model({a: hyperparameters, b: reference_hyperparameters})
         module.require_data(data)
         scope = scope or trained_scope(hyperparameters)
-        loader = DataLoader(data.split(split), batch_size=batch_size or data.batch_size)
+        split = data_options.split
+        loader = DataLoader(data.split(split), batch_size=data_options.batch_size or data.batch_size)
         architecture = {k: hyperparameters.get(k) for k in ("model", "model_config")}
         evaluation = Evaluation(module.metric_sums, loader, split, data_identity(data), architecture)
         model, reference, task = module.model, reference_module.model, data.info.task
@@ -107,18 +96,7 @@ def interpolate(
     )
 
 
-def _external_evaluation(
-    a: Path,
-    b: Path,
-    data: Path,
-    split: str,
-    batch_size: int | None,
-    text_column: str,
-    label_column: str,
-    sequence_length: int,
-    timm_model: str | None,
-    timm_args: dict[str, Any] | None,
-):
+def _external_evaluation(a: Checkpoint, b: Checkpoint, data: Path, data_options: EvaluationDataOptions):
     """End points A and B of Hugging Face or timm checkpoints and their evaluation on the user's data."""
     from torch.utils.data import DataLoader
 
@@ -127,9 +105,9 @@ def _external_evaluation(
     from lmc.formats import evaluation_data, load_external, require_same_architecture
     from lmc.training.module import classification_sums
 
-    model, reference = load_external(a, timm_model, timm_args), load_external(b, timm_model, timm_args)
+    model, reference = load_external(a), load_external(b)
     require_same_architecture(model, reference)
-    user = evaluation_data(data, model.model, a, split, text_column, label_column, sequence_length)
+    user = evaluation_data(data, model.model, a.path, data_options)
     adapter, dtype = adapter_for(model.model), model.dtype
 
     def metric_sums(batch):
@@ -138,9 +116,9 @@ def _external_evaluation(
             adapter.forward(model.model, adapter.model_inputs(model.model, batch)), batch["labels"]
         )
 
-    loader = DataLoader(user.dataset, batch_size=batch_size or 32)
+    loader = DataLoader(user.dataset, batch_size=data_options.batch_size or 32)
     architecture = {"format": model.format, **model.architecture()}
-    evaluation = Evaluation(metric_sums, loader, split, user.identity, architecture)
+    evaluation = Evaluation(metric_sums, loader, data_options.split, user.identity, architecture)
     return model.model, reference.model, evaluation, user.task
 
 
@@ -159,40 +137,27 @@ def _sweep_and_report(
     calibration=None,
 ) -> None:
     """Align B to A, sweep both curves with a progress bar, write results, figure and TensorBoard scalars."""
-    from tqdm.auto import tqdm
+    from lmc.connectivity import OtherResultsError, ResultsOutput, sweep_and_write
 
-    from lmc.connectivity import (
-        SweepHooks,
-        measure_connectivity,
-        results_key,
-        retire_stale_results,
-        run_record,
-        sweep_settings,
-        with_perplexity,
-        write_results,
+    output = ResultsOutput(
+        output_dir,
+        checkpoint=str(a),
+        other_results="retire" if overwrite else "refuse",
+        perplexity=language_model,
+        tensorboard=output_dir / "tensorboard",
+        progress="Interpolate (naive, aligned)",
     )
-
-    record = run_record(model, str(a), [Path(b)], sweep_settings(scope, options, alphas, evaluation, calibration))
-    earlier = results_key(output_dir)
-    if earlier not in (None, record["key"]):
-        if not overwrite:
-            raise ValueError(
-                f"{output_dir} holds the results of another sweep: pass --overwrite true (they move to "
-                f"{output_dir / 'stale'}) or choose another --output_dir"
-            )
-        retire_stale_results(output_dir, record["key"])
     model.eval()
-    bar = tqdm(total=2 * len(alphas), desc="Interpolate (naive, aligned)")
-    hooks = SweepHooks(state_path=output_dir / "lmc_sweep_state_0.json", progress=lambda message: bar.update(1))
     try:
-        result = measure_connectivity(model, reference.eval(), scope, options, alphas, evaluation, hooks, calibration)
-    finally:
-        bar.close()
-    if language_model:
-        result = with_perplexity(result)
-    results = {"run": record, "references": {str(b): result}}
-    write_results(output_dir, results)
-    _write_tensorboard(output_dir / "tensorboard", results)
+        results = sweep_and_write(
+            output, model, {b: reference.eval}, scope, options, alphas, evaluation, calibration=calibration
+        )
+    except OtherResultsError:
+        raise ValueError(
+            f"{output_dir} holds the results of another sweep: pass --overwrite true (they move to "
+            f"{output_dir / 'stale'}) or choose another --output_dir"
+        ) from None
+    result = results["references"][str(b)]
     for curve, values in result["curves"].items():
         loss, accuracy = values["loss_barrier"], values["accuracy_barrier"]
         ends = values["points"][0], values["points"][-1]
@@ -201,22 +166,3 @@ def _sweep_and_report(
         )
         print(f"{curve:8s} loss barrier {loss:.4f}  accuracy barrier {accuracy:.4f}{perplexity}")
     print(f"barrier ratio (aligned / naive, %): {result['barrier_ratio']}; results in {output_dir}")
-
-
-def _write_tensorboard(folder: Path, results) -> None:
-    """The sweep's TensorBoard scalars in ``folder`` (replaced: a rerun does not stack copies)."""
-    import shutil
-
-    from torch.utils.tensorboard import SummaryWriter
-
-    from lmc.connectivity import log_to_tensorboard
-
-    shutil.rmtree(folder, ignore_errors=True)
-    writer = SummaryWriter(str(folder))
-    try:
-        log_to_tensorboard(writer, results)
-    finally:
-        writer.close()
-
-
-# -- parsing -------------------------------------------------------------------------------------

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
-from lmc.matching import AlignOptions
+from lmc.training.cli import help_formatter
 
 
 def summary(function: Callable[..., None]) -> str:
@@ -15,51 +15,37 @@ def summary(function: Callable[..., None]) -> str:
     return inspect.getdoc(function).splitlines()[0]
 
 
+def flattened(function: Callable[..., None]) -> dict[str, type]:
+    """The parameters of ``function`` whose default is an options dataclass (``AlignOptions``,
+    ``EvaluationDataOptions``): name -> class. Their fields are the command's flags (``--method``,
+    not ``--options.method``)."""
+    parameters = inspect.signature(function).parameters.items()
+    return {
+        name: type(p.default) for name, p in parameters if is_dataclass(p.default) and not isinstance(p.default, type)
+    }
+
+
 def parser_for(function: Callable[..., None]):
-    """A jsonargparse parser of ``function``: required parameters positional, AlignOptions flattened."""
+    """A jsonargparse parser of ``function``: required parameters positional, options dataclasses flattened."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     description = inspect.getdoc(function).split("\n\nArgs:")[0]
     parser = ArgumentParser(description=description, formatter_class=help_formatter())
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these arguments")
-    takes_options = "options" in inspect.signature(function).parameters
-    parser.add_function_arguments(function, as_positional=True, skip={"options"}, as_group=False, sub_configs=True)
-    if takes_options:
-        parser.add_class_arguments(AlignOptions, None, instantiate=False)
+    groups = flattened(function)
+    parser.add_function_arguments(function, as_positional=True, skip=set(groups), as_group=False, sub_configs=True)
+    for options in groups.values():
+        parser.add_class_arguments(options, None, instantiate=False)
     return parser
-
-
-#: reStructuredText markup of docstrings (``code``, :func:`~lmc.x.y`), shown as plain text in --help.
-_ROLE = re.compile(r":(?:mod|func|class|meth|attr|data):`~?([^`]+)`")
-
-
-def plain_text(text: str) -> str:
-    """A docstring's text without its reStructuredText markup."""
-    return _ROLE.sub(r"\1", text).replace("``", "")
-
-
-def help_formatter():
-    """jsonargparse's help formatter: plain text, keeping the line breaks of descriptions (docstrings)."""
-    import argparse
-
-    from jsonargparse import DefaultHelpFormatter
-
-    class Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        def format_help(self) -> str:
-            return plain_text(super().format_help())
-
-    return Formatter
 
 
 def call(function: Callable[..., None], parser, config, name: str) -> None:
     """Instantiate the parsed arguments of ``name`` and call ``function`` with them."""
-    from dataclasses import fields
-
     arguments = parser.instantiate_classes(config)[name]
-    parameters = inspect.signature(function).parameters
-    kwargs = {k: arguments[k] for k in parameters if k != "options"}
-    if "options" in parameters:
-        kwargs["options"] = AlignOptions(**{f.name: arguments[f.name] for f in fields(AlignOptions)})
+    groups = flattened(function)
+    kwargs = {k: arguments[k] for k in inspect.signature(function).parameters if k not in groups}
+    for parameter, options in groups.items():
+        kwargs[parameter] = options(**{f.name: arguments[f.name] for f in fields(options)})
     function(**kwargs)
 
 

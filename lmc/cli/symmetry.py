@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmc.adapters import adapter_for, apply_transform, describe, model_spec, random_symmetry
+from lmc.adapters import apply_transform, describe, model_spec, random_symmetry
+from lmc.matching.checks import probe_error
 from lmc.models import create_model, randomize_parameters_
 from lmc.symmetry import (
     ModelTransform,
@@ -20,15 +21,9 @@ from lmc.symmetry import (
     sample_attention_transform,
 )
 
+#: Probe inputs per model: the relative output change is measured on this many random samples.
+PROBE_BATCH = 4
 DEFAULT_MODELS = ("rope-vit-tiny", "vit-tiny", "llama-tiny", "gpt2-tiny", "roformer-tiny", "bert-tiny")
-
-
-def relative_change(model: nn.Module, other: nn.Module, inputs: dict[str, torch.Tensor]) -> float:
-    """``||f_other(x) - f_model(x)|| / ||f_model(x)||`` on ``inputs``."""
-    adapter = adapter_for(model)
-    with torch.no_grad():
-        reference, changed = adapter.forward(model, inputs), adapter.forward(other, inputs)
-    return float((changed - reference).norm() / reference.norm())
 
 
 def weight_change(model: nn.Module, other: nn.Module) -> float:
@@ -58,7 +53,6 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
     rows = []
     for name in models:
         model = randomize_parameters_(create_model(name, dtype=torch.float64), seed=seed)
-        inputs = adapter_for(model).example_inputs(model, 4, torch.Generator().manual_seed(seed))
         layer = describe(model)[0]
         spec = model_spec(model).blocks[0].attention
         transformed = random_symmetry(model, "full_model", seed=seed)
@@ -68,14 +62,14 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
             "pe": layer["pe"] if layer["rope_layout"] is None else f"rope/{layer['rope_layout']}",
             "heads": f"{layer['num_heads']}/{layer['num_kv_heads']}",
             "qk_group": f"{layer['qk_group']}({layer['head_dim']}) dim {layer['qk_group_dim']}",
-            "symmetry": relative_change(model, transformed, inputs),
+            "symmetry": probe_error(model, transformed, PROBE_BATCH, seed),
             "weights": weight_change(model, transformed),
-            "gl_on_qk": relative_change(model, first_layer_with(model, general_linear(spec.head_dim)), inputs),
+            "gl_on_qk": probe_error(model, first_layer_with(model, general_linear(spec.head_dim)), PROBE_BATCH, seed),
             "other_h": None,
         }
         if spec.rotary is not None:
             wrong = rotary_commutant(spec.head_dim, other_pair_layout(spec.rotary))
-            row["other_h"] = relative_change(model, first_layer_with(model, wrong), inputs)
+            row["other_h"] = probe_error(model, first_layer_with(model, wrong), PROBE_BATCH, seed)
         rows.append(row)
         other = "-" if row["other_h"] is None else f"{row['other_h']:.1e}"
         print(

@@ -2,22 +2,21 @@
 
 - :mod:`~lmc.connectivity.interpolation`: the interpolated points, their barriers, resumable sweeps;
 - :mod:`~lmc.connectivity.measure`: align, then sweep both curves (:func:`measure_connectivity`);
-- :mod:`~lmc.connectivity.results`: results files, TensorBoard scalars and figures of a sweep;
+- :mod:`~lmc.connectivity.results`: results files, TensorBoard scalars and figures of a sweep, and
+  :func:`sweep_and_write`, the whole pipeline (record, sweep each reference, write, log);
 - :mod:`~lmc.connectivity.robustness`: end points and midpoints under input corruptions.
 
-Shared by the ``AlignAndInterpolate`` callback, ``lmc interpolate`` and ``lmc run``.
+Shared by the ``AlignAndInterpolate`` callback, ``lmc interpolate`` and ``lmc run`` (each through
+:func:`sweep_and_write`).
 """
 
 from lmc.connectivity.measure import (
     BARRIERS,
     CALIBRATION_SPLIT,
-    CURVE_SPLITS,
     CURVES,
-    CurveSplit,
     Evaluation,
     SweepHooks,
     barrier_ratios,
-    check_curve_split,
     data_identity,
     measure_connectivity,
     sweep_settings,
@@ -27,13 +26,17 @@ from lmc.connectivity.measure import (
 from lmc.connectivity.results import (
     RESULT_FILES,
     STALE_FOLDER,
+    OtherResultsError,
+    ResultsOutput,
     curve_figure,
     log_to_tensorboard,
     results_key,
     retire_stale_results,
     run_record,
+    sweep_and_write,
     write_results,
 )
+from lmc.tasks import CURVE_SPLITS, CurveSplit, check_curve_split
 
 __all__ = [
     "BARRIERS",
@@ -42,7 +45,9 @@ __all__ = [
     "CURVE_SPLITS",
     "CurveSplit",
     "Evaluation",
+    "OtherResultsError",
     "RESULT_FILES",
+    "ResultsOutput",
     "STALE_FOLDER",
     "SweepHooks",
     "barrier_ratios",
@@ -54,6 +59,7 @@ __all__ = [
     "results_key",
     "retire_stale_results",
     "run_record",
+    "sweep_and_write",
     "sweep_settings",
     "training_calibration",
     "with_perplexity",

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,9 +33,6 @@ from lmc.connectivity.interpolation import (
 from lmc.matching import AlignmentReport, AlignOptions, Calibration, align
 from lmc.matching.options import DATA_FIELDS, LEARNED_FIELDS
 
-#: Where interpolation curves are measured (never the training split).
-CurveSplit = Literal["val", "test"]
-CURVE_SPLITS: tuple[str, ...] = get_args(CurveSplit)
 CURVES = ("naive", "aligned")
 BARRIERS = ("loss_barrier", "accuracy_barrier", "loss_barrier_rebasin", "accuracy_barrier_rebasin")
 
@@ -74,12 +71,6 @@ class Evaluation:
         """The metric sums of the model's current weights over every process's batches."""
         sums = evaluate(self.metric_sums, self.batches, device)
         return sums if self.all_reduce is None else reduce_sums(sums, self.all_reduce)
-
-
-def check_curve_split(split: str) -> None:
-    """Refuse a split that curves are not measured on, naming the choices."""
-    if split not in CURVE_SPLITS:
-        raise ValueError(f"unknown split {split!r} for interpolation curves; choose one of {', '.join(CURVE_SPLITS)}")
 
 
 def _nothing() -> None:

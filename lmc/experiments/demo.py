@@ -4,43 +4,39 @@ For a ViT-style reference Transformer with learned absolute PE and with RoPE (pa
 first-attention-layer re-initialization), ``lmc run``'s protocol (:mod:`lmc.experiments.run`):
 pre-train on half A of the digits' training split, fine-tune seeds on half B with the first
 attention layer re-initialized and everything else frozen, align every pair of seeds and sweep
-25 interpolation points, naive and aligned, on the validation split. The same settings are
-``configs/experiment/digits_vit_{ape,rope}.yaml`` with ``configs/protocol/main_job.yaml``
-(``tests/test_demo.py`` checks that they agree).
+25 interpolation points, naive and aligned, on the validation split. The settings are the
+packaged ``configs/experiment/digits_vit_{ape,rope}.yaml`` with ``configs/protocol/main_job.yaml``,
+read from any working folder (:func:`lmc.configs.config_file`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
+from lmc.configs import config_file
 from lmc.experiments.protocol import experiment_cli
 from lmc.experiments.run import Experiment
 
-POSITIONAL_ENCODINGS = {"APE": {"pe": "learned"}, "RoPE": {"pe": "rope", "rope_layout": "half"}}
-PRETRAIN_EPOCHS, FINETUNE_EPOCHS = 40, 60
-SEEDS = 3
+#: The experiment config of each positional encoding.
+EXPERIMENTS = {"APE": "configs/experiment/digits_vit_ape.yaml", "RoPE": "configs/experiment/digits_vit_rope.yaml"}
+PROTOCOL = "configs/protocol/main_job.yaml"
 
 
-def experiment_config(label: str, root: Path, epochs: tuple[int, int]) -> dict[str, Any]:
-    """The main job's experiment for one positional encoding, as ``lmc run`` reads it."""
-    pretrain_epochs, finetune_epochs = epochs
-    return {
-        "seed_everything": 0,
-        # The paper's 6 layers and 4 heads, narrow for a CPU.
-        "model": {"model": "reference-vit", "model_config": {"width": 64, **POSITIONAL_ENCODINGS[label]}, "lr": 2e-3},
-        "data": {"class_path": "lmc.data.Digits", "init_args": {"batch_size": 32}},
-        "trainer": {"accelerator": "cpu", "devices": 1, "log_every_n_steps": 5, "enable_model_summary": False},
-        "protocol": {
-            "output_dir": str(root / label),
-            "reinit": "first_attention",
-            "seeds": SEEDS,
-            "pretrain": {"max_epochs": pretrain_epochs},
-            "finetune": {"max_epochs": finetune_epochs, "lr": 3e-3},
-        },
-    }
+def experiment_arguments(label: str, root: Path, epochs: int | None = None) -> list[str]:
+    """The ``lmc run`` arguments of the main job for one positional encoding.
+
+    Args:
+        label: ``"APE"`` or ``"RoPE"``.
+        root: The demo's output folder; this encoding's run goes into ``root / label``.
+        epochs: Pre-training and fine-tuning epochs instead of the protocol's.
+    """
+    args = ["--config", str(config_file(EXPERIMENTS[label])), "--config", str(config_file(PROTOCOL))]
+    args += [f"--protocol.output_dir={root / label}", "--trainer.enable_model_summary=false"]
+    if epochs is not None:
+        args += [f"--protocol.pretrain.max_epochs={epochs}", f"--protocol.finetune.max_epochs={epochs}"]
+    return args
 
 
 def run(output_dir: Path = Path("runs/demo"), epochs: int | None = None) -> list[dict[str, Any]]:
@@ -48,15 +44,16 @@ def run(output_dir: Path = Path("runs/demo"), epochs: int | None = None) -> list
     for name in ("lightning.pytorch", "lightning.fabric"):  # keep the job's own output readable
         logging.getLogger(name).setLevel(logging.WARNING)
     root = Path(output_dir)
-    schedule = (epochs or PRETRAIN_EPOCHS, epochs or FINETUNE_EPOCHS)
     rows = []
-    for label in POSITIONAL_ENCODINGS:
-        config = json.dumps(experiment_config(label, root, schedule))
-        summary = Experiment(experiment_cli(["--config", config], run=False)).run()
-        rows.append({"label": label, "summary": summary, "results_dir": root / label})
+    for label in EXPERIMENTS:
+        experiment = Experiment(experiment_cli(experiment_arguments(label, root, epochs), run=False))
+        summary = experiment.run()
+        rows.append(
+            {"label": label, "summary": summary, "results_dir": root / label, "seeds": experiment.protocol.seeds}
+        )
     print()
     print("Linear mode connectivity after re-initializing the first attention layer (digits, validation split)")
-    print(f"{SEEDS} fine-tuned seeds per encoding: mean ± std over their pairs")
+    print(f"{rows[0]['seeds']} fine-tuned seeds per encoding: mean ± std over their pairs")
     header = f"{'PE':6s} {'curve':8s} {'loss barrier':>16s} {'acc barrier':>16s} {'loss ratio %':>14s}"
     print(header)
     print("-" * len(header))

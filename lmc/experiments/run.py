@@ -24,6 +24,7 @@ A stage folder made with another configuration is never reused: the run stops an
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -37,12 +38,11 @@ from lmc.adapters import model_spec
 from lmc.checkpoints import load_weights
 from lmc.connectivity import (
     Evaluation,
+    ResultsOutput,
     SweepHooks,
     data_identity,
-    measure_connectivity,
-    run_record,
+    sweep_and_write,
     training_calibration,
-    write_results,
 )
 from lmc.connectivity.interpolation import evenly_spaced
 from lmc.connectivity.robustness import midpoint_robustness
@@ -57,6 +57,8 @@ from lmc.experiments.summary import (
 from lmc.experiments.table1 import HEAD_ORDERS, head_orders, summarize_head_orders, sweep_head_orders
 from lmc.io import atomic_write, atomic_write_json
 from lmc.matching import AlignOptions, align
+from lmc.training.cli import instantiate_data
+from lmc.training.module import LMCModule, load_trained
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +92,15 @@ class Experiment:
 
     Args:
         cli: A LightningCLI (``run=False``) holding the parsed experiment config and its parser.
+        protocol: The protocol to run instead of the config's own (``lmc repro`` builds each
+            run's); the stages' configs record it, as if it had been given in the config.
     """
 
-    def __init__(self, cli):
+    def __init__(self, cli, protocol: Protocol | None = None):
         self.parser, self.config = cli.parser, cli.config
-        self.protocol: Protocol = cli.config_init.protocol
+        if protocol is not None:
+            self.config = self.parser.parse_object({"protocol": dataclasses.asdict(protocol)}, self.config)
+        self.protocol: Protocol = protocol or cli.config_init.protocol
         self.root = Path(self.protocol.output_dir)
 
     # -- stages ------------------------------------------------------------------------------
@@ -153,6 +159,13 @@ class Experiment:
         cli = experiment_cli(["--config", self.parser.dump(stage.config)], run=False)
         return cli.trainer, cli.model, cli.datamodule
 
+    def trained(self, stage: _Stage, checkpoint: Path) -> tuple[LMCModule, Any]:
+        """``(module, datamodule)`` of a trained stage: the module built once from ``checkpoint`` (its
+        own architecture and weights, in evaluation mode; no pre-trained weights, no
+        re-initialization), the DataModule from the stage's config alone."""
+        module, _ = load_trained(checkpoint)
+        return module.eval(), instantiate_data(stage.config)
+
     def _finished(self, stage: _Stage) -> bool:
         record = stage.folder(self.root) / "stage.json"
         if not record.is_file():
@@ -194,9 +207,7 @@ class Experiment:
 
     def sweep_pair(self, stages: list[_Stage], checkpoints: list[Path], i: int, j: int) -> dict[str, Any]:
         """Align seed ``i`` to seed ``j`` with every listed alignment and sweep both curves."""
-        _, module, datamodule = self.instantiate(stages[j])
-        load_weights(module.model, checkpoints[j])
-        module.eval()
+        module, datamodule = self.trained(stages[j], checkpoints[j])
         reference = load_weights(module.build_model(), checkpoints[i]).eval()
         dataset, data = self.curve_data(datamodule)
         loader = DataLoader(dataset, batch_size=self.protocol.eval_batch_size or datamodule.batch_size)
@@ -234,21 +245,20 @@ class Experiment:
         ) -> dict[str, Any]:
             # Every curve of the pair at the same alphas shares one naive curve.
             naive = pair / ("naive_sweep_state.json" if at == alphas else f"naive_sweep_state_{len(at)}.json")
-            hooks = SweepHooks(folder / "lmc_sweep_state_0.json", naive_state_path=naive)
-            result = measure_connectivity(
+            output = ResultsOutput(folder, str(checkpoints[j]), other_results="replace", figures=figures)
+            swept = sweep_and_write(
+                output,
                 module.model,
-                reference,
+                {checkpoints[i]: lambda: reference},
                 self.protocol.reinit,
                 options,
                 at,
                 evaluation,
-                hooks,
+                SweepHooks(naive_state_path=naive),
                 calibration_for(options),
                 alignment_for(options),
             )
-            record = run_record(module.model, str(checkpoints[j]), [checkpoints[i]], result["settings"])
-            write_results(folder, {"run": record, "references": {str(checkpoints[i]): result}}, figures)
-            return result
+            return swept["references"][str(checkpoints[i])]
 
         labels, alignments = alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options
         results = {label: sweep(options, pair / label) for label, options in zip(labels, alignments)}
@@ -288,7 +298,7 @@ class Experiment:
             summary["head_orders"] = summarize_head_orders(pairs, alignment_labels(protocol.alignment_options))
         if protocol.robustness:
             summary[ROBUSTNESS] = summarize_robustness(pairs)
-        datamodule = self.instantiate(stages[0])[2]
+        datamodule = instantiate_data(stages[0].config)
         summary["protocol"] = {
             "output_dir": str(self.root),
             "reinit": protocol.reinit,

@@ -16,22 +16,26 @@ same command on the same machine prints the same numbers.
 from __future__ import annotations
 
 import copy
-import json
+import dataclasses
 import os
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmc.configs import config_file
+from lmc.experiments.protocol import Protocol, Schedule, alignment_labels, experiment_cli
 from lmc.experiments.study_report import FIRST_LAYER_INPUTS, MACHINE, write_report
 from lmc.io import atomic_write_json
 from lmc.matching import AlignOptions
 from lmc.symmetry import SCOPES, Scope, check_scope
 
 if TYPE_CHECKING:  # lmc.experiments.run imports Lightning: loaded in the workers only
+    from lightning.pytorch.cli import LightningCLI
+
     from lmc.experiments.run import Experiment
 
 #: Threads per worker: a fixed count keeps the floating-point reductions, and so the numbers, fixed.
@@ -55,6 +59,10 @@ class Family:
     experiment: str
     table1: bool = False
     configs: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:  # configs/... paths are also read from lmc's packaged configs
+        object.__setattr__(self, "experiment", str(_study_config(self.experiment)))
+        object.__setattr__(self, "configs", [str(_study_config(path)) for path in self.configs])
 
 
 @dataclass(frozen=True)
@@ -103,37 +111,77 @@ class Study:
             raise ValueError("seeds and table1_seeds must be at least 2 (a pair of fine-tuned runs)")
         if Path(self.report).suffix != ".md":
             raise ValueError(f"study.report {self.report} must be a Markdown file (.md): it is rewritten on every run")
-        family_configs = [path for family in self.families for path in (family.experiment, *family.configs)]
-        for path in [*family_configs, *self.overlays, *([self.table1] if self.table1 else [])]:
-            if not Path(path).is_file():
-                raise FileNotFoundError(
-                    f"study config {path} does not exist (paths are relative to the working folder)"
-                )
+        object.__setattr__(self, "overlays", [str(_study_config(path)) for path in self.overlays])
+        if self.table1 is not None:
+            object.__setattr__(self, "table1", str(_study_config(self.table1)))
 
     @property
     def method_labels(self) -> list[str]:
         """The ``lmc run`` labels of the full method and of ``methods``, in that order."""
-        from lmc.experiments.protocol import alignment_labels
-
         return ["full", *(label for label in alignment_labels(self.methods) if label != "full")]
 
     def pretrained(self, family: Family) -> Path:
         """A family's pre-trained checkpoint, in its first strategy's run folder."""
         return Path(self.output_dir) / family.name / self.strategies[0] / "pretrain" / "final.ckpt"
 
-    def run_arguments(self, family: Family, strategy: Scope, pretrained: Path | None) -> list[str]:
-        """The ``lmc run`` arguments of one strategy of one family."""
-        table1 = family.table1 and self.table1 is not None and strategy == "first_attention"
-        configs = [family.experiment, *family.configs, *([self.table1] if table1 else []), *self.overlays]
-        args = [part for config in configs for part in ("--config", config)]
-        args += [
-            f"--protocol.output_dir={Path(self.output_dir) / family.name / strategy}",
-            f"--protocol.reinit={strategy}",
-            f"--protocol.seeds={self.table1_seeds if table1 else self.seeds}",
-            "--trainer.enable_progress_bar=false",
-        ]
-        args += ["--protocol.robustness=true"] if strategy in self.robustness else []
-        return args + ([f"--protocol.pretrained={pretrained}"] if pretrained is not None else [])
+    def table1_run(self, family: Family, strategy: Scope) -> bool:
+        """Whether the run of ``strategy`` on ``family`` also scores Table 1 (head orders, matcher variants)."""
+        return family.table1 and self.table1 is not None and strategy == "first_attention"
+
+    def arguments(self, family: Family, strategy: Scope) -> list[str]:
+        """The experiment configs of one strategy's run of a family, as LightningCLI arguments; the
+        run's protocol is built from their parse by :meth:`protocol`."""
+        table1 = [self.table1] if self.table1_run(family, strategy) else []
+        configs = [family.experiment, *family.configs, *table1, *self.overlays]
+        return [*(part for config in configs for part in ("--config", config)), "--trainer.enable_progress_bar=false"]
+
+    def protocol(self, family: Family, strategy: Scope, cli: LightningCLI, pretraining: bool = False) -> Protocol:
+        """The :class:`~lmc.experiments.protocol.Protocol` of one strategy's run of a family.
+
+        The configs' own protocol with the study's settings: the run folder, the strategy, the seeds,
+        the family's pre-trained checkpoint (every strategy after the first), the robustness table,
+        a ``full_model`` fine-tuning as long as the pre-training, and the study's ``methods``.
+
+        Args:
+            family: The model family.
+            strategy: The re-initialization strategy of the run.
+            cli: The LightningCLI of :meth:`arguments` (``run=False``).
+            pretraining: The protocol as the family's pre-training (in the first strategy's run)
+                sees it: without the fine-tuning schedule and the methods, which do not change it.
+        """
+        given: Protocol = cli.config_init.protocol
+        changes: dict[str, Any] = {
+            "output_dir": str(Path(self.output_dir) / family.name / strategy),
+            "reinit": strategy,
+            "seeds": self.table1_seeds if self.table1_run(family, strategy) else self.seeds,
+        }
+        if strategy != self.strategies[0]:
+            changes["pretrained"] = str(self.pretrained(family))
+        if strategy in self.robustness:
+            changes["robustness"] = True
+        if not pretraining and strategy == "full_model":  # everything re-initialized: as long as pre-training
+            epochs = given.pretrain.max_epochs or cli.config.trainer.max_epochs
+            changes["finetune"] = Schedule(max_epochs=epochs, lr=given.pretrain.lr or cli.config.model.lr)
+        if not pretraining and strategy in self.methods_strategies:
+            listed = given.alignment_options
+            changes["alignments"] = listed + [options for options in self.methods if options not in listed]
+        return dataclasses.replace(given, **changes)
+
+    def experiment(self, family: Family, strategy: Scope, pretraining: bool = False) -> Experiment:
+        """The ``lmc run`` of one strategy of one family: its configs parsed once, its
+        :meth:`protocol` given to the :class:`~lmc.experiments.run.Experiment` as an object."""
+        from lmc.experiments.run import Experiment
+
+        cli = experiment_cli(self.arguments(family, strategy), run=False)
+        return Experiment(cli, self.protocol(family, strategy, cli, pretraining))
+
+
+def _study_config(path: str | Path) -> Path:
+    """A config a study names: the working folder's file, else lmc's packaged one (:func:`lmc.configs.config_file`)."""
+    try:
+        return config_file(path)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"study {error}") from None
 
 
 def load_study(paths: list[str | Path]) -> Study:
@@ -143,7 +191,7 @@ def load_study(paths: list[str | Path]) -> Study:
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--config", action="config")
     parser.add_class_arguments(Study, "study")
-    args = [part for path in paths for part in ("--config", str(path))]
+    args = [part for path in paths for part in ("--config", str(_study_config(path)))]
     try:
         config = parser.parse_args(args)
     except ArgumentError as error:  # one line naming the key or file, as every lmc error
@@ -154,37 +202,16 @@ def load_study(paths: list[str | Path]) -> Study:
 def pretrain(study: Study, family: Family) -> None:
     """Pre-train one family on its half A, in its first strategy's run folder (where that run and
     every other strategy's run find it)."""
-    from lmc.experiments.protocol import experiment_cli
-    from lmc.experiments.run import Experiment
-
-    experiment = Experiment(experiment_cli(study.run_arguments(family, study.strategies[0], None), run=False))
+    experiment = study.experiment(family, study.strategies[0], pretraining=True)
     experiment.fit(experiment.pretrain_stage())
 
 
 def run_strategy(study: Study, family: Family, strategy: Scope) -> None:
     """One ``lmc run`` of one family under one strategy, from the family's pre-trained model; the
     first strategy's run also measures the first layer's inputs (:func:`first_layer_inputs`)."""
-    from lmc.experiments.protocol import experiment_cli
-    from lmc.experiments.run import Experiment
-
-    first = strategy == study.strategies[0]
-    args = study.run_arguments(family, strategy, None if first else study.pretrained(family))
-    cli = experiment_cli(args, run=False)
-    overrides = []
-    if strategy == "full_model":  # everything re-initialized: trained as long as pre-training
-        pretraining = cli.config.protocol.pretrain
-        epochs = pretraining.max_epochs or cli.config.trainer.max_epochs
-        lr = pretraining.lr or cli.config.model.lr
-        overrides += [f"--protocol.finetune.max_epochs={epochs}", f"--protocol.finetune.lr={lr}"]
-    if strategy in study.methods_strategies:
-        listed = cli.config_init.protocol.alignment_options
-        alignments = listed + [options for options in study.methods if options not in listed]
-        overrides.append(f"--protocol.alignments={json.dumps([asdict(options) for options in alignments])}")
-    if overrides:
-        cli = experiment_cli([*args, *overrides], run=False)
-    experiment = Experiment(cli)
+    experiment = study.experiment(family, strategy)
     experiment.run()
-    if first:
+    if strategy == study.strategies[0]:
         inputs = first_layer_inputs(experiment)
         atomic_write_json(Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS, inputs)
 
@@ -210,7 +237,6 @@ def first_layer_inputs(experiment: Experiment, batches: int = 8) -> dict[str, An
     import torch
 
     from lmc.adapters import adapter_for, model_spec
-    from lmc.checkpoints import load_weights
     from lmc.connectivity import training_calibration
     from lmc.matching.calibration import paired_moments
     from lmc.symmetry import head_rows
@@ -218,8 +244,8 @@ def first_layer_inputs(experiment: Experiment, batches: int = 8) -> dict[str, An
     folder = experiment.root
     pretrained = experiment.protocol.pretrained or folder / "pretrain" / "final.ckpt"
     stage = experiment.finetune_stage(0, Path(pretrained), "")
-    _, module, datamodule = experiment.instantiate(stage)
-    model = load_weights(module.model, folder / "seed0" / "final.ckpt").eval()
+    module, datamodule = experiment.trained(stage, folder / "seed0" / "final.ckpt")
+    model = module.model
     layer = model_spec(model).attention[0]
     twin = copy.deepcopy(model)  # paired moments read two models; both are this one
     adapter = adapter_for(model)
@@ -237,7 +263,7 @@ def first_layer_inputs(experiment: Experiment, batches: int = 8) -> dict[str, An
 
 
 @dataclass(frozen=True)
-class Task:
+class Job:
     """One unit of a study's schedule: a family's pre-training (``strategy`` ``None``) or one run."""
 
     family: Family
@@ -252,7 +278,7 @@ class Task:
         return Path(study.output_dir) / self.family.name / (self.strategy or study.strategies[0]) / "log.txt"
 
 
-def schedule(study: Study) -> list[Task]:
+def schedule(study: Study) -> list[Job]:
     """The study's tasks in the order they start: every pre-training, then the runs longest first.
 
     Runs are ordered by their expected size (Table 1 runs, then runs with extra alignments or the
@@ -261,16 +287,16 @@ def schedule(study: Study) -> list[Task]:
     pre-training. The order changes only the wall time, never a number.
     """
 
-    def size(task: Task) -> tuple[int, int, int]:
-        table1 = task.family.table1 and study.table1 is not None and task.strategy == "first_attention"
+    def size(task: Job) -> tuple[int, int, int]:
+        table1 = study.table1_run(task.family, task.strategy)
         extra = (task.strategy in study.methods_strategies) + (task.strategy in study.robustness)
         return table1, extra, study.families.index(task.family)
 
-    runs = [Task(family, strategy) for family in study.families for strategy in study.strategies]
-    return [Task(family) for family in study.families] + sorted(runs, key=size, reverse=True)
+    runs = [Job(family, strategy) for family in study.families for strategy in study.strategies]
+    return [Job(family) for family in study.families] + sorted(runs, key=size, reverse=True)
 
 
-def _run_logged(study: Study, task: Task) -> float:
+def _run_logged(study: Study, task: Job) -> float:
     """One task in a worker process (one thread), its output appended to its run folder's
     ``log.txt``; returns its wall time in seconds."""
     import logging

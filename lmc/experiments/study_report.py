@@ -14,6 +14,7 @@ from typing import Any
 
 from lmc.experiments.spread import cell
 from lmc.experiments.summary import ROBUSTNESS, robustness_table
+from lmc.experiments.table1 import appendix_k_section, table1_section
 from lmc.io import atomic_write, atomic_write_text
 
 #: Per family: ``lmc.experiments.study.first_layer_inputs`` of its first strategy's seed 0.
@@ -22,12 +23,6 @@ FIRST_LAYER_INPUTS = "first_layer_inputs.json"
 MACHINE = "machine.json"
 #: A naive loss barrier (nats) below which a run has no barrier to remove.
 NO_BARRIER = 0.01
-#: The matcher variants of Table 1, by their ``lmc run`` labels.
-VARIANTS = {"permutation": "Variant 1 (Stage 1 only)", "orthogonal": "Variant 2 (orthogonal start)", "full": "full"}
-#: Stage 1 metrics of Appendix K, by the label of their full-method run.
-METRICS = {"full": "invariant", "full-metric=weight": "weight", "full-metric=correlation": "correlation"}
-#: What the paper reports (Table 1; Section 6.2; Appendix J).
-PAPER_TABLE1 = {"permutation": "62-91 %", "orthogonal": "10-16 %", "full": "7-12 %"}
 PAPER_STRATEGIES = {
     "first_attention": "LMC after alignment",
     "all_attention": "LMC after alignment",
@@ -70,91 +65,6 @@ def _table1_runs(study, summaries):
     for family, _, summary in _runs(study, summaries, ["first_attention"]):
         if family.table1 and "head_orders" in summary:
             yield family, summary
-
-
-def _table1(study, summaries) -> list[str]:
-    lines = [
-        "## Table 1: Stage 1's head order and the matcher's variants (first attention layer)",
-        "",
-        "Rank of the head order Stage 1 picks among all 24 orders of the first layer (each followed "
-        "by the full Stage 2), `L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100`, and the "
-        "aligned barrier as % of the naive one for each variant (loss barrier; accuracy in the "
-        "second table).",
-        "",
-        "| family | pairs | rank (loss) | L_hat loss | rank (acc) | L_hat acc | "
-        + " | ".join(VARIANTS.values())
-        + " |",
-        "|---|---|---|---|---|---|" + "---|" * len(VARIANTS),
-    ]
-    accuracy = ["", "| family | " + " | ".join(f"{v}, accuracy" for v in VARIANTS.values()) + " |"]
-    accuracy.append("|---|" + "---|" * len(VARIANTS))
-    for family, summary in _table1_runs(study, summaries):
-        orders = summary["head_orders"]["alignments"].get("full", {})
-        loss, acc = orders.get("loss_barrier", {}), orders.get("accuracy_barrier", {})
-        ratios = {label: summary["alignments"].get(label, {}).get("barrier_ratio", {}) for label in VARIANTS}
-        lines.append(
-            f"| {family.title} | {len(summary['pairs'])} | {cell(loss.get('rank'))} | {cell(loss.get('l_hat'))} "
-            f"| {cell(acc.get('rank'))} | {cell(acc.get('l_hat'))} | "
-            + " | ".join(cell(ratios[label].get("loss_barrier"), unit=" %") for label in VARIANTS)
-            + " |"
-        )
-        accuracy.append(
-            f"| {family.title} | "
-            + " | ".join(cell(ratios[label].get("accuracy_barrier"), unit=" %") for label in VARIANTS)
-            + " |"
-        )
-    lines.append(
-        "| paper (ViT/BERT, 4 data sets) | 10 | low | near 0 | low | near 0 | "
-        + " | ".join(PAPER_TABLE1.values())
-        + " |"
-    )
-    return lines + accuracy + ["", *_refinement(study, summaries)]
-
-
-def _refinement(study, summaries) -> list[str]:
-    """Whether Stage 2's gradient refinement lowered the barrier of its orthogonal start, pair by pair
-    (the paper finds it always does: Variant 2 10-16 %, full 7-12 %)."""
-    lines = []
-    for family, summary in _table1_runs(study, summaries):
-        alignments = summary["alignments"]
-        if "orthogonal" not in alignments or "full" not in alignments:
-            continue
-        start, refined = alignments["orthogonal"]["per_pair"], alignments["full"]["per_pair"]
-        raised = [
-            pair
-            for pair in refined
-            if refined[pair]["aligned"]["loss_barrier"] > start[pair]["aligned"]["loss_barrier"]
-        ]
-        lines.append(
-            f"- {family.title}: the refinement (full) raised the loss barrier of its orthogonal start (Variant 2) "
-            f"in {len(raised)} of {len(refined)} pairs" + (f" ({', '.join(raised)})." if raised else ".")
-        )
-    return lines
-
-
-def _appendix_k(study, summaries) -> list[str]:
-    lines = [
-        "## Appendix K: Stage 1 metrics",
-        "",
-        "Each metric's head order, followed by the full Stage 2: its rank among the 24 orders, `L_hat` and "
-        "the aligned loss barrier as % of the naive one.",
-        "",
-        "| family | metric | rank (loss) | L_hat loss | loss ratio | rank (acc) | L_hat acc |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for family, summary in _table1_runs(study, summaries):
-        for label, metric in METRICS.items():
-            orders = summary["head_orders"]["alignments"].get(label)
-            entry = summary["alignments"].get(label)
-            if not orders or not entry:
-                continue
-            loss, acc = orders["loss_barrier"], orders["accuracy_barrier"]
-            ratio = cell(entry["barrier_ratio"]["loss_barrier"], unit=" %")
-            lines.append(
-                f"| {family.title} | `{metric}` | {cell(loss['rank'])} | {cell(loss['l_hat'])} | {ratio} "
-                f"| {cell(acc['rank'])} | {cell(acc['l_hat'])} |"
-            )
-    return lines
 
 
 def _strategies(study, summaries) -> list[str]:
@@ -444,7 +354,15 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
         done = ", ".join(runs) or "none"
         configs = " + ".join(f"`{path}`" for path in (family.experiment, *family.configs))
         lines.append(f"| {family.title} | {configs} | {done} | {_curve_samples(runs)} |")
-    lines += ["", *_table1(study, summaries), "", *_appendix_k(study, summaries), "", *_strategies(study, summaries)]
+    table1_runs = list(_table1_runs(study, summaries))
+    lines += [
+        "",
+        *table1_section(table1_runs),
+        "",
+        *appendix_k_section(table1_runs),
+        "",
+        *_strategies(study, summaries),
+    ]
     if study.methods and study.methods_strategies:
         methods, times = _methods(study, summaries)
         lines += ["", *methods]

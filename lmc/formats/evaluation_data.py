@@ -23,11 +23,42 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from lmc.data.base import TensorDictDataset, TokenWindows
-from lmc.tasks import Task
+from lmc.tasks import CurveSplit, Task, check_curve_split
 
 TABLE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
 #: HF ``DatasetDict`` split names tried for each curve split.
 DATASET_SPLITS = {"val": ("validation", "val", "valid", "dev"), "test": ("test",)}
+
+
+@dataclass(frozen=True)
+class EvaluationDataOptions:
+    """How the evaluation data is read and batched (``lmc interpolate``'s data flags).
+
+    ``split`` and ``batch_size`` apply to a DataModule too; the other fields to the user's own
+    data (:func:`evaluation_data`) only. The attribute docstrings are the command-line help.
+    """
+
+    split: CurveSplit = "val"
+    """The split the curves are measured on (of a DataModule, or of a save_to_disk DatasetDict)."""
+
+    batch_size: int | None = None
+    """Evaluation batch size (default: the DataModule's, 32 for the user's data)."""
+
+    text_column: str = "text"
+    """The text column of the user's tables."""
+
+    label_column: str = "label"
+    """The label column of the user's tables (sequence classifiers)."""
+
+    sequence_length: int = 128
+    """Tokens per sequence of the user's text (windows for causal LMs, the longest text for classifiers)."""
+
+    def __post_init__(self) -> None:
+        check_curve_split(self.split)
+        for name in ("batch_size", "sequence_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name} must be positive, got {value}")
 
 
 @dataclass(frozen=True)
@@ -133,10 +164,7 @@ def evaluation_data(
     path: str | Path,
     model: nn.Module,
     tokenizer_folder: str | Path | None,
-    split: str,
-    text_column: str = "text",
-    label_column: str = "label",
-    sequence_length: int = 128,
+    options: EvaluationDataOptions = EvaluationDataOptions(),
 ) -> EvaluationData:
     """The user's data at ``path`` as samples for ``model`` (see the module docstring for the layouts).
 
@@ -144,9 +172,8 @@ def evaluation_data(
         path: A ``.txt`` file, a table file, a ``save_to_disk`` folder or an image folder.
         model: The model to evaluate (its class says the task).
         tokenizer_folder: The HF model directory holding the tokenizer (text models).
-        split: ``"val"`` or ``"test"``: the split of a ``DatasetDict`` folder.
-        text_column, label_column: Column names in tables.
-        sequence_length: Tokens per window (causal LMs) or per text at most (classifiers).
+        options: The split of a ``DatasetDict`` folder, the tables' column names and the tokens
+            per window (causal LMs) or per text at most (classifiers).
 
     Raises:
         ValueError: Data the model cannot evaluate, or that does not fit it (the message names the fix).
@@ -154,8 +181,8 @@ def evaluation_data(
     path = Path(path)
     if not path.exists():
         raise ValueError(f"the data {path} does not exist")
-    if sequence_length < 1:
-        raise ValueError(f"--sequence_length must be positive, got {sequence_length}")
+    split, text_column, label_column = options.split, options.text_column, options.label_column
+    sequence_length = options.sequence_length
     task = model_task(model)
     identity = {"path": str(path.resolve()), "task": task, **_stamp(path)}
     if task == "image_classification":

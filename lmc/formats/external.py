@@ -8,7 +8,7 @@ own config; lmc checkpoints are read by :mod:`lmc.training`, the other two here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,8 +26,40 @@ FORMAT_NAMES = {
 }
 
 
-def detect_format(path: str | Path, timm_model: str | None = None) -> Format:
-    """The format of ``path``: a HF model directory, a timm folder or state dict, or an lmc checkpoint file.
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint as detected once: where it is, its format and what it says about its model.
+
+    Built by :func:`detect`; every later step (:func:`load_external`, the commands' checks) reads
+    this value instead of the files again.
+
+    Attributes:
+        path: The checkpoint file or folder.
+        format: ``"lmc"``, ``"huggingface"`` or ``"timm"``.
+        config: The parsed ``config.json`` of a Hugging Face or timm folder; empty for a timm
+            state-dict file (its model is ``timm_model``) and for an lmc checkpoint (whose
+            hyper-parameters :func:`lmc.training.module.load_trained` reads with its weights).
+        timm_model: The timm model name of a timm state-dict file (``timm.list_models()``).
+        timm_args: ``timm.create_model`` arguments of a timm state-dict file.
+    """
+
+    path: Path
+    format: Format
+    config: dict[str, Any] = field(default_factory=dict)
+    timm_model: str | None = None
+    timm_args: dict[str, Any] | None = None
+
+
+def detect(path: str | Path, timm_model: str | None = None, timm_args: dict[str, Any] | None = None) -> Checkpoint:
+    """The checkpoint at ``path``: a HF model directory, a timm folder or state dict, or an lmc checkpoint file.
+
+    A folder's ``config.json`` is parsed here, once (timm's names an ``architecture``, a
+    transformers one a ``model_type`` or ``architectures``); any other file is an lmc checkpoint.
+
+    Args:
+        path: The checkpoint file or folder.
+        timm_model: The timm model of a state-dict file (the file is then a timm checkpoint).
+        timm_args: ``timm.create_model`` arguments of that state-dict file.
 
     Raises:
         CheckpointError: ``path`` does not exist, or is a folder of neither format.
@@ -36,18 +68,22 @@ def detect_format(path: str | Path, timm_model: str | None = None) -> Format:
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if timm_model is not None:
-        return "timm"
-    if path.is_dir():
-        if timm_files.is_timm_directory(path):
-            return "timm"
-        if huggingface.is_model_directory(path):
-            return "huggingface"
-        raise CheckpointError(
-            f"{path} is a folder but neither a Hugging Face model directory (config.json with architectures, "
-            "written by save_pretrained) nor a timm folder (config.json with architecture): give one of those, "
-            "an lmc checkpoint file, or a timm state-dict file with --timm_model NAME"
-        )
-    return "lmc"
+        return Checkpoint(path, "timm", timm_model=timm_model, timm_args=timm_args)
+    if not path.is_dir():
+        return Checkpoint(path, "lmc")
+    try:
+        config = huggingface.read_config(path)
+    except CheckpointError:  # no readable config.json: neither format
+        config = {}
+    if timm_files.is_timm_config(config):
+        return Checkpoint(path, "timm", config, timm_args=timm_args)
+    if huggingface.is_model_config(config):
+        return Checkpoint(path, "huggingface", config)
+    raise CheckpointError(
+        f"{path} is a folder but neither a Hugging Face model directory (config.json with architectures, "
+        "written by save_pretrained) nor a timm folder (config.json with architecture): give one of those, "
+        "an lmc checkpoint file, or a timm state-dict file with --timm_model NAME"
+    )
 
 
 @dataclass
@@ -94,21 +130,21 @@ class ExternalModel:
         return timm_files.load_model(folder)
 
 
-def load_external(
-    path: str | Path, timm_model: str | None = None, timm_args: dict[str, Any] | None = None
-) -> ExternalModel:
-    """Read a Hugging Face model directory or a timm checkpoint (see :func:`detect_format`).
+def load_external(checkpoint: Checkpoint | str | Path) -> ExternalModel:
+    """The model of a Hugging Face model directory or a timm checkpoint (a path is :func:`detect`-ed first).
 
     Raises:
         CheckpointError: Not one of these formats, or unreadable weights.
         UnsupportedModelError: lmc has no adapter for the checkpoint's architecture.
     """
-    path = Path(path)
-    kind = detect_format(path, timm_model)
-    if kind == "huggingface":
-        return ExternalModel(path, kind, huggingface.load_model(path))
-    if kind == "timm":
-        return ExternalModel(path, kind, timm_files.load_model(path, timm_model, timm_args))
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = detect(checkpoint)
+    path = checkpoint.path
+    if checkpoint.format == "huggingface":
+        return ExternalModel(path, checkpoint.format, huggingface.load_model(path, checkpoint.config))
+    if checkpoint.format == "timm":
+        model = timm_files.load_model(path, checkpoint.timm_model, checkpoint.timm_args)
+        return ExternalModel(path, checkpoint.format, model)
     raise CheckpointError(f"{path} is an lmc checkpoint, not a Hugging Face or timm one")
 
 
@@ -120,9 +156,9 @@ def require_same_architecture(source: ExternalModel, target: ExternalModel) -> N
             "give two checkpoints of the same model"
         )
     mine, theirs = source.architecture(), target.architecture()
-    for field in sorted(mine.keys() | theirs.keys()):
-        if mine.get(field) != theirs.get(field):
+    for name in sorted(mine.keys() | theirs.keys()):
+        if mine.get(name) != theirs.get(name):
             raise CheckpointError(
-                f"the checkpoints are of different models: {field} is {mine.get(field)!r} in {source.path} but "
-                f"{theirs.get(field)!r} in {target.path}; give two checkpoints of the same architecture and config"
+                f"the checkpoints are of different models: {name} is {mine.get(name)!r} in {source.path} but "
+                f"{theirs.get(name)!r} in {target.path}; give two checkpoints of the same architecture and config"
             )

@@ -19,6 +19,7 @@ from torch import nn
 
 from lmc.adapters import UnsupportedModelError, adapter_for_class
 from lmc.checkpoints import CheckpointError, read_state_dict
+from lmc.formats.safetensors import SAFETENSORS_DTYPES
 
 CONFIG_FILE = "config.json"
 #: Single-file weights, then the index of sharded weights, in the order transformers prefers them.
@@ -58,7 +59,6 @@ NON_ARCHITECTURE_FIELDS = frozenset(
         "_attn_implementation_autoset",
     }
 )
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
@@ -79,16 +79,9 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     return config
 
 
-def is_model_directory(folder: str | Path) -> bool:
-    """Whether ``folder`` holds a transformers ``config.json`` (``model_type`` or ``architectures``)."""
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        return False
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and ("model_type" in config or "architectures" in config)
+def is_model_config(config: dict[str, Any]) -> bool:
+    """Whether a parsed ``config.json`` is a transformers one (it has ``model_type`` or ``architectures``)."""
+    return "model_type" in config or "architectures" in config
 
 
 def weight_index(folder: str | Path) -> dict[str, Any] | None:
@@ -147,7 +140,7 @@ def file_dtype(path: str | Path) -> torch.dtype:
         try:
             with safe_open(str(path), "pt") as handle:
                 for key in handle.keys():
-                    dtype = _SAFETENSORS_DTYPES.get(handle.get_slice(key).get_dtype())
+                    dtype = SAFETENSORS_DTYPES.get(handle.get_slice(key).get_dtype())
                     if dtype is not None:
                         return dtype
         except SafetensorError as error:
@@ -191,9 +184,14 @@ def model_class(config: dict[str, Any], folder: str | Path) -> type[nn.Module]:
     return cls
 
 
-def load_model(folder: str | Path) -> nn.Module:
-    """The model of a ``save_pretrained`` directory, in its stored dtype and evaluation mode."""
-    cls = model_class(read_config(folder), folder)
+def load_model(folder: str | Path, config: dict[str, Any] | None = None) -> nn.Module:
+    """The model of a ``save_pretrained`` directory, in its stored dtype and evaluation mode.
+
+    Args:
+        folder: The model directory.
+        config: Its parsed ``config.json`` when already read (:func:`read_config`); ``None`` reads it.
+    """
+    cls = model_class(read_config(folder) if config is None else config, folder)
     with _quiet():
         return cls.from_pretrained(str(folder), local_files_only=True, dtype=stored_dtype(folder)).eval()
 

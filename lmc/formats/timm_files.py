@@ -18,18 +18,12 @@ from lmc.adapters import adapter_for
 from lmc.checkpoints import CheckpointError, load_weights
 from lmc.formats.huggingface import file_dtype
 
-CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
 
 
-def is_timm_directory(folder: str | Path) -> bool:
-    """Whether ``folder`` holds a timm ``config.json`` (it names an ``architecture``)."""
-    path = Path(folder) / CONFIG_FILE
-    try:
-        config = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("architecture"), str)
+def is_timm_config(config: dict[str, Any]) -> bool:
+    """Whether a parsed ``config.json`` is timm's (it names an ``architecture``)."""
+    return isinstance(config.get("architecture"), str)
 
 
 def weight_file(folder: str | Path) -> Path:
@@ -40,7 +34,11 @@ def weight_file(folder: str | Path) -> Path:
     raise CheckpointError(f"{folder} has no timm weights ({' or '.join(WEIGHT_FILES)})")
 
 
-def _create(name: str, arguments: dict[str, Any], where: str | Path) -> nn.Module:
+def create_model(name: str, arguments: dict[str, Any], where: str | Path) -> nn.Module:
+    """``timm.create_model(name, **arguments)`` without weights, refused unless lmc has its adapter.
+
+    ``where`` names the input in errors.
+    """
     import timm
 
     try:
@@ -65,12 +63,12 @@ def load_model(path: str | Path, model_name: str | None = None, model_args: dict
     if model_name is None:
         if model_args:
             raise ValueError(f"--timm_args apply to a state-dict file with --timm_model, not to the folder {path}")
-        model = _create(f"local-dir:{path}", {}, path)
+        model = create_model(f"local-dir:{path}", {}, path)
         weights = weight_file(path)
     else:
         if path.is_dir():
             raise CheckpointError(f"--timm_model takes a state-dict file, but {path} is a folder")
-        model = _create(model_name, dict(model_args or {}), path)
+        model = create_model(model_name, dict(model_args or {}), path)
         weights = path
     return load_weights(model.to(file_dtype(weights)), weights).eval()
 

@@ -7,6 +7,7 @@ matching of FFN units, and for ``full_model`` coordinate descent over every perm
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 
 import torch
@@ -15,9 +16,16 @@ from torch import nn
 from lmc.adapters import adapter_for, scope_parameters
 from lmc.matching.calibration import Calibration, PairedMoment, paired_correlations, paired_moments
 from lmc.matching.checks import require_finite
-from lmc.matching.layers import align_attention_layer, attention_stage1, axes_distance, layer_distance, stacked_copies
+from lmc.matching.layers import (
+    align_attention_layer,
+    attention_stage1,
+    axes_distance,
+    layer_distance,
+    match_units,
+    stacked_copies,
+)
 from lmc.matching.learned import LearnedAlignment, learn_attention
-from lmc.matching.permutation import axis_correlation, best_permutation
+from lmc.matching.permutation import best_permutation
 from lmc.matching.results import AlignmentError, AlignmentReport, LayerAlignment
 from lmc.matching.stage2 import attention_stages
 from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec
@@ -214,9 +222,7 @@ class Aligner:
 
     def best_permutation(self, permutation: AxisPermutation, axes) -> torch.Tensor | None:
         """The weight-matching permutation of ``permutation``'s axis read through ``axes``; ``None`` if identity."""
-        correlation = axis_correlation(self.parameters, self.target, axes, permutation.size)
-        self.require_finite(bool(torch.isfinite(correlation).all()), f"{permutation.name}: the weight correlation")
-        perm = best_permutation(correlation)
+        perm = match_units(self.parameters, self.target, dataclasses.replace(permutation, axes=tuple(axes)))
         return None if torch.equal(perm, torch.arange(permutation.size)) else perm
 
     def permute_feed_forward(self, index: int) -> bool:

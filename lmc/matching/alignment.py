@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import time
 
-import torch
 from torch import nn
 
 from lmc.adapters import scope_parameters
 from lmc.matching.aligner import Aligner, coordinate_descent
 from lmc.matching.calibration import Calibration
-from lmc.matching.checks import check_pair, probe_error
-from lmc.matching.layers import axes_distance
-from lmc.matching.options import AlignOptions
-from lmc.matching.results import PROBE_RTOL, AlignmentError, AlignmentReport, dtype_name
-from lmc.symmetry import Scope, compute_dtype, scope_blocks
+from lmc.matching.checks import check_pair, check_probe, probe_error
+from lmc.matching.layers import align_feed_forward_layer, axes_distance
+from lmc.matching.options import AlignOptions, checked_options
+from lmc.matching.results import AlignmentReport
+from lmc.symmetry import ModelTransform, Scope, scope_blocks
 
 
 def align(
@@ -64,9 +63,7 @@ def align(
             parameters, NaN/Inf or overflowing weights), or the result is not a symmetry of
             ``source`` on the probe to ``report.check_rtol``.
     """
-    options = AlignOptions() if options is None else options
-    if not isinstance(options, AlignOptions):
-        raise TypeError(f"options must be an lmc.matching.AlignOptions, got {type(options).__name__}")
+    options = checked_options(options)
     if options.data_aware:
         if calibration is None:
             raise ValueError(
@@ -78,8 +75,8 @@ def align(
     started = time.perf_counter()
     spec = check_pair(source, target, scope)
     dtype = next(source.parameters()).dtype
-    rtol = PROBE_RTOL[dtype] if options.check_rtol is None else options.check_rtol
-    report = AlignmentReport(scope, options, dtype_name(dtype), rtol, dtype_name(compute_dtype(dtype)))
+    report = AlignmentReport.start(scope, options, dtype)
+    rtol = report.check_rtol
     if options.data_aware:
         report.calibration = calibration.identity() | {"batches": len(calibration.batches)}
     aligner = Aligner(source, target, spec, report, calibration if options.data_aware else None)
@@ -95,11 +92,9 @@ def align(
             coordinate_descent(aligner, spec, attention, feed_forward)
         else:
             for index in feed_forward:
-                start = time.perf_counter()
-                aligner.permute_feed_forward(index)
-                hidden = spec.blocks[index].feed_forward.hidden
-                perm = report.transform.feed_forward.get(index, torch.arange(hidden.size))
-                aligner.record_permutation(hidden.name, "feed_forward", perm, hidden.axes, time.perf_counter() - start)
+                perm, record = align_feed_forward_layer(aligner.parameters, aligner.target, spec, index)
+                aligner.apply(ModelTransform(feed_forward={index: perm}))
+                report.layers.append(record)
         for index in attention:
             aligner.align_attention(index)
         if options.method == "learned" and attention:
@@ -111,17 +106,7 @@ def align(
         "aligned": axes_distance(aligner.parameters, aligner.target, scoped),
     }
     report.probe_relative_error = probe_error(source, aligner.working, options.probe_batch_size, options.seed)
-    if not report.probe_relative_error <= rtol:
-        change = f"relative output change {report.probe_relative_error:.3g} on the probe input"
-        if options.check_rtol is None:
-            raise AlignmentError(
-                f"the aligned model does not compute the source's function: {change} > {rtol:g} (the "
-                f"{report.dtype} tolerance). This is a bug in lmc (adapter for {type(source).__name__}, scope "
-                f"{scope!r}, method {options.method!r}); please report it."
-            )
-        raise AlignmentError(
-            f"the aligned model misses check_rtol={rtol:g}: {change}. Rounding in {report.dtype} alone reaches "
-            f"about {PROBE_RTOL[dtype]:g} (the default); raise check_rtol or leave it None."
-        )
+    what = f"model (adapter for {type(source).__name__}, scope {scope!r}, method {options.method!r})"
+    check_probe(report.probe_relative_error, rtol, dtype, options.check_rtol is None, what)
     report.seconds = time.perf_counter() - started
     return aligner.working, report

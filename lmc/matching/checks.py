@@ -6,12 +6,15 @@ refused with one message whichever path reads it.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
 from lmc.adapters import adapter_for, model_spec, scope_parameters
 from lmc.matching.results import PROBE_RTOL, AlignmentError, dtype_name
-from lmc.symmetry import Scope, SymmetrySpec, check_scope
+from lmc.symmetry import AttentionSpec, Scope, SymmetrySpec, check_scope, read_attention
 
 
 def check_storage(source: nn.Module, target: nn.Module) -> None:
@@ -31,10 +34,7 @@ def check_storage(source: nn.Module, target: nn.Module) -> None:
                 f"source and target differ in {what}: source is {found['source']}, target is {found['target']}; "
                 f"put both on one with target.to({str(found['source'])!r})"
             )
-    dtype = next(source.parameters()).dtype
-    if dtype not in PROBE_RTOL:
-        supported = ", ".join(dtype_name(d) for d in PROBE_RTOL)
-        raise AlignmentError(f"lmc aligns {supported} models, not {dtype_name(dtype)}; cast both with model.to(...)")
+    check_dtype(next(source.parameters()).dtype)
 
 
 def check_same_attention(spec: SymmetrySpec, target_spec: SymmetrySpec) -> None:
@@ -59,35 +59,57 @@ def check_pair(source: nn.Module, target: nn.Module, scope: Scope) -> SymmetrySp
             f"different architectures: source is {type(source).__name__}, target is {type(target).__name__}"
         )
     adapter_for(source)  # an unsupported model raises its own clear error
-    shapes = {name: tuple(p.shape) for name, p in source.named_parameters()}
-    target_shapes = {name: tuple(p.shape) for name, p in target.named_parameters()}
-    if shapes != target_shapes:
-        differing = sorted(set(shapes.items()) ^ set(target_shapes.items()))[:3]
-        raise AlignmentError(
-            f"different architectures: parameters differ in name or shape, e.g. {differing}; "
-            "build both models from the same config"
-        )
+    check_same_tensors(
+        {name: tuple(p.shape) for name, p in source.named_parameters()},
+        {name: tuple(p.shape) for name, p in target.named_parameters()},
+    )
     check_storage(source, target)
     spec = model_spec(source)
     check_same_attention(spec, model_spec(target))
     for role, model in (("source", source), ("target", target)):
         for name, parameter in model.named_parameters():
-            if not all_finite(parameter):
-                raise AlignmentError(
-                    f"the {role} model's {name} holds NaN or Inf values; align finite checkpoints only"
-                )
+            check_finite(role, name, parameter)
     if scope != "full_model":
         free = set(scope_parameters(source, scope, spec))
         parameters = dict(target.named_parameters())
         for name, parameter in source.named_parameters():
-            if name not in free and not identical(parameter, parameters[name]):
-                gap = float((parameter - parameters[name]).detach().abs().max())
-                raise AlignmentError(
-                    f"scope {scope!r} aligns only its re-initialized parameters, so everything else must be identical, "
-                    f"but {name} differs (max abs difference {gap:.3g}). Use the scope the checkpoints were fine-tuned "
-                    "with (a wider one, or 'full_model'), or check that both come from the same pre-trained model."
-                )
+            if name not in free:
+                check_unchanged(scope, name, parameter, parameters[name])
     return spec
+
+
+def check_same_tensors(source: Mapping[str, object], target: Mapping[str, object]) -> None:
+    """Raise :class:`AlignmentError` unless both models hold the same tensors: names to shapes (or layouts)."""
+    if source != target:
+        differing = sorted(set(source.items()) ^ set(target.items()))[:3]
+        raise AlignmentError(
+            f"different architectures: parameters differ in name or shape, e.g. {differing}; "
+            "build both models from the same config"
+        )
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    """Raise :class:`AlignmentError` unless lmc aligns models stored in ``dtype``."""
+    if dtype not in PROBE_RTOL:
+        supported = ", ".join(dtype_name(d) for d in PROBE_RTOL)
+        raise AlignmentError(f"lmc aligns {supported} models, not {dtype_name(dtype)}; cast both with model.to(...)")
+
+
+def check_finite(role: str, name: str, tensor: torch.Tensor) -> None:
+    """Raise :class:`AlignmentError` if ``tensor`` (a whole parameter or a piece of one) holds NaN or Inf."""
+    if not all_finite(tensor):
+        raise AlignmentError(f"the {role} model's {name} holds NaN or Inf values; align finite checkpoints only")
+
+
+def check_unchanged(scope: Scope, name: str, source: torch.Tensor, target: torch.Tensor) -> None:
+    """Raise :class:`AlignmentError` unless a parameter outside ``scope`` (or a piece of it) is equal in both."""
+    if not identical(source, target):
+        gap = float((source - target).detach().abs().max())
+        raise AlignmentError(
+            f"scope {scope!r} aligns only its re-initialized parameters, so everything else must be identical, "
+            f"but {name} differs (max abs difference {gap:.3g}). Use the scope the checkpoints were fine-tuned "
+            "with (a wider one, or 'full_model'), or check that both come from the same pre-trained model."
+        )
 
 
 # Whole-tensor checks run in chunks: no temporary the size of an embedding matrix.
@@ -130,3 +152,71 @@ def probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: in
             "alignment can be checked; its weights overflow the forward pass (cast both models to float64 or rescale)"
         )
     return float((output - reference).double().norm() / reference.double().norm())
+
+
+def check_probe(error: float, rtol: float, dtype: torch.dtype, default_rtol: bool, what: str) -> None:
+    """Raise :class:`AlignmentError` unless the aligned ``what`` keeps the source's outputs to ``rtol``.
+
+    Args:
+        error: The relative output change on the probe (:func:`probe_error`, :func:`attention_probe_error`).
+        rtol: The tolerance applied.
+        dtype: The stored dtype, whose rounding :data:`PROBE_RTOL` explains.
+        default_rtol: Whether ``rtol`` is the dtype's default (a miss is then a bug of lmc, not of the setting).
+        what: What was checked, e.g. ``"model"`` or ``"layer h.0.attn"``, and the context of a bug report.
+    """
+    if error <= rtol:
+        return
+    change = f"relative output change {error:.3g} on the probe input"
+    if default_rtol:
+        raise AlignmentError(
+            f"the aligned {what} does not compute the source's function: {change} > {rtol:g} (the "
+            f"{dtype_name(dtype)} tolerance). This is a bug in lmc; please report it."
+        )
+    raise AlignmentError(
+        f"the aligned {what} misses check_rtol={rtol:g}: {change}. Rounding in {dtype_name(dtype)} alone reaches "
+        f"about {PROBE_RTOL[dtype]:g} (the default); raise check_rtol or leave it None."
+    )
+
+
+def attention_probe_error(
+    layer: AttentionSpec, source: Mapping[str, torch.Tensor], aligned: Mapping[str, torch.Tensor], seed: int = 0
+) -> float:
+    """``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` for one attention layer on a random ``x``.
+
+    The layer's output (docs/spec.md, section 1, RoPE included, no mask) is computed in float64
+    from the stored weights of each, so the rounding of the aligned weights to their dtype is
+    measured. Every layer keeping its function keeps the whole model's.
+
+    Args:
+        layer: The layer.
+        source, aligned: The layer's tensors before and after alignment, by spec name.
+        seed: Seed of the probe input, 16 tokens (fewer if the RoPE table is shorter) of width ``d``.
+    """
+    length = 16 if layer.rotary is None else min(16, layer.rotary.angles.shape[0])
+    x = torch.randn(length, layer.width, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+    def rotate(states: torch.Tensor) -> torch.Tensor:  # (heads, T, d_h): pair p turns by angles[t, p]
+        if layer.rotary is None:
+            return states
+        first, second = layer.rotary.pairs.T
+        cos, sin = layer.rotary.angles[:length].cos(), layer.rotary.angles[:length].sin()
+        a, b = states[..., first], states[..., second]
+        rotated = states.clone()
+        rotated[..., first], rotated[..., second] = a * cos - b * sin, a * sin + b * cos
+        return rotated
+
+    def output(tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        w = read_attention(tensors, layer)
+
+        def project(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # (heads, T, d_h)
+            states = torch.einsum("td,hde->hte", x, weight.double())
+            return states if bias is None else states + bias.double()[:, None, :]
+
+        q = rotate(project(w.query, w.query_bias))
+        k = rotate(project(w.key, w.key_bias)).repeat_interleave(layer.queries_per_kv, 0)
+        v = project(w.value, w.value_bias).repeat_interleave(layer.queries_per_kv, 0)
+        weights = (q @ k.mT / math.sqrt(layer.head_dim)).softmax(-1)
+        return torch.einsum("hte,hed->td", weights @ v, w.out.double())  # (T, d)
+
+    reference = output(source)
+    return float((output(aligned) - reference).norm() / reference.norm())

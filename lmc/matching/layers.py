@@ -16,9 +16,10 @@ from lmc.matching.checks import require_finite
 from lmc.matching.grams import LayerGrams
 from lmc.matching.heads import assign_heads, head_cost
 from lmc.matching.options import AlignOptions
+from lmc.matching.permutation import axis_correlation, best_permutation
 from lmc.matching.results import AlignmentError, LayerAlignment
 from lmc.matching.stage2 import attention_stages, stage_distances
-from lmc.symmetry import AttentionSpec, AttentionTransform, head_rows
+from lmc.symmetry import AttentionSpec, AttentionTransform, AxisPermutation, ModelTransform, SymmetrySpec, head_rows
 
 
 def stacked_copies(correlation: torch.Tensor, size: int) -> torch.Tensor:
@@ -146,3 +147,51 @@ def imposed_order(order: list[int], layer) -> tuple[torch.Tensor, torch.Tensor]:
     if not bool((groups == groups[:, :1]).all()):
         raise AlignmentError(f"{layer.name}: head order {order} splits the query heads of a key/value head")
     return match, groups[:, 0].clone()
+
+
+def match_units(
+    source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], permutation: AxisPermutation
+) -> torch.Tensor:
+    """The weight-matching permutation of ``permutation``'s units (Git Re-Basin's step; docs/spec.md, section 3).
+
+    Args:
+        source, target: Parameters holding (at least) the tensors of ``permutation.axes``, by name.
+        permutation: The units (an FFN's hidden units, a task head's, the residual stream).
+
+    Returns:
+        ``perm`` ``(size,)``: source unit ``perm[k]`` goes to position ``k``.
+    """
+    correlation = axis_correlation(source, target, permutation.axes, permutation.size)
+    dtype = next(iter(source[name] for name, _ in permutation.axes)).dtype
+    require_finite(bool(torch.isfinite(correlation).all()), f"{permutation.name}: the weight correlation", dtype)
+    return best_permutation(correlation)
+
+
+def align_feed_forward_layer(
+    source: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    spec: SymmetrySpec,
+    index: int,
+) -> tuple[torch.Tensor, LayerAlignment]:
+    """Weight matching of one FFN's hidden units: the permutation and its record.
+
+    Reads only the FFN's tensors, so a caller can hand it one block of each model at a time.
+    The record's distances are over the tensors the permutation moves, before and after it.
+
+    Returns:
+        ``(perm, record)``: ``perm`` as :func:`match_units`; ``record.assignment`` the target unit of each source unit.
+    """
+    start = time.perf_counter()
+    hidden = spec.blocks[index].feed_forward.hidden
+    perm = match_units(source, target, hidden)
+    names = dict.fromkeys(name for name, _ in hidden.axes)
+    permuted = {name: source[name].clone() for name in names}
+    ModelTransform(feed_forward={index: perm}).apply_(permuted, spec)
+    distance = {
+        "naive": axes_distance(source, target, hidden.axes),
+        "permutation": axes_distance(permuted, target, hidden.axes),
+    }
+    seconds = {"match": time.perf_counter() - start}
+    return perm, LayerAlignment(
+        hidden.name, "feed_forward", torch.argsort(perm).tolist(), distance=distance, seconds=seconds
+    )

@@ -84,8 +84,8 @@ class AlignOptions:
 
     check_rtol: float | None = None
     """Largest relative output change allowed between the source and the aligned model on the
-    probe input; ``None`` uses the stored dtype's default (see ``PROBE_RTOL`` in
-    :mod:`lmc.matching.alignment`). 0 demands bitwise-equal outputs."""
+    probe input; ``None`` uses the stored dtype's default (``lmc.matching.PROBE_RTOL``). 0 demands
+    bitwise-equal outputs."""
 
     learned_steps: int = 40
     """Adam steps of ``method="learned"`` (one calibration batch and two random alphas each)."""
@@ -170,3 +170,11 @@ class AlignOptions:
             raise ValueError(
                 f"check_rtol must be None (the dtype's default) or a finite number >= 0, got {self.check_rtol!r}"
             )
+
+
+def checked_options(options: AlignOptions | None) -> AlignOptions:
+    """``options``, or the defaults for ``None``; refuses anything that is not an :class:`AlignOptions`."""
+    options = AlignOptions() if options is None else options
+    if not isinstance(options, AlignOptions):
+        raise TypeError(f"options must be an lmc.matching.AlignOptions, got {type(options).__name__}")
+    return options

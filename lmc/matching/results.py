@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from lmc.matching.options import AlignOptions
-from lmc.symmetry import ModelTransform, Scope
+from lmc.symmetry import ModelTransform, Scope, compute_dtype
 
 PROBE_RTOL: dict[torch.dtype, float] = {
     torch.float64: 1e-6,
@@ -88,6 +88,12 @@ class AlignmentReport:
     calibration: dict[str, Any] | None = None
     calibration_seconds: float = 0.0
     learned: dict[str, Any] | None = None
+
+    @classmethod
+    def start(cls, scope: Scope, options: AlignOptions, dtype: torch.dtype) -> AlignmentReport:
+        """The report of an alignment of models stored in ``dtype``, before any layer is aligned."""
+        rtol = PROBE_RTOL[dtype] if options.check_rtol is None else options.check_rtol
+        return cls(scope, options, dtype_name(dtype), rtol, dtype_name(compute_dtype(dtype)))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (the transform's matrices are left out)."""

@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lmc.tasks import DataInfo
+
+if TYPE_CHECKING:
+    from lmc.data import LMCDataModule
 
 
 def data_info(data) -> DataInfo:
     """What a DataModule tells the model about itself (linked into ``model.data``)."""
     return data.info
+
+
+def data_parser():
+    """A parser of the ``data`` group alone, as :func:`lightning_cli` has it: any ``LMCDataModule``
+    subclass, as a class path (with ``init_args``) or a ``configs/data/*.yaml`` file."""
+    from jsonargparse import ArgumentParser
+
+    from lmc.data import LMCDataModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(LMCDataModule, "data")
+    return parser
+
+
+def instantiate_data(config) -> LMCDataModule:
+    """The DataModule of a parsed experiment config (its ``data`` group), without its model or trainer."""
+    from jsonargparse import Namespace
+
+    return data_parser().instantiate_classes(Namespace(data=config.data)).data
 
 
 @contextmanager
@@ -28,6 +52,36 @@ def _program_arguments_only():
         yield
     finally:
         sys.argv = saved
+
+
+#: reStructuredText markup of docstrings (``code``, :func:`~lmc.x.y`), shown as plain text in --help.
+_ROLE = re.compile(r":(?:mod|func|class|meth|attr|data):`~?([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """A docstring's text without its reStructuredText markup."""
+    return _ROLE.sub(r"\1", text).replace("``", "")
+
+
+def help_formatter():
+    """jsonargparse's help formatter: plain text, keeping the line breaks of descriptions (docstrings)."""
+    import argparse
+
+    from jsonargparse import DefaultHelpFormatter
+
+    class Formatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        def format_help(self) -> str:
+            return plain_text(super().format_help())
+
+    return Formatter
+
+
+def _parser_kwargs(run: bool, description: str | None) -> dict[str, object]:
+    """The LightningCLI parsers' settings: plain-text help on the main parser and each subcommand's."""
+    plain = {"formatter_class": help_formatter()}
+    if run:
+        return {**plain, **{name: plain for name in ("fit", "validate", "test", "predict")}}
+    return {**plain, **({} if description is None else {"description": description})}
 
 
 def lightning_cli(
@@ -81,5 +135,5 @@ def lightning_cli(
             run=run,
             auto_configure_optimizers=False,
             # Without subcommands this parser is lmc run's: say so in its --help.
-            parser_kwargs={} if run or description is None else {"description": description},
+            parser_kwargs=_parser_kwargs(run, description),
         )

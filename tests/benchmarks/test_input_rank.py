@@ -16,14 +16,15 @@ def test_the_width_study_changes_only_the_width_of_the_studys_vit_recipes(monkey
     shapes = {}
     for family in study.families:
         assert family.table1 and family.experiment == repro[family.name.rsplit("_", 1)[0]].experiment
-        cli = experiment_cli(study.run_arguments(family, "first_attention", None), run=False)
+        cli = experiment_cli(study.arguments(family, "first_attention"), run=False)
         layers = model_spec(cli.model.model).attention
         shapes[family.name] = {(layer.width, layer.num_heads, layer.head_dim) for layer in layers}
         assert len(layers) == 6
-        protocol = cli.config_init.protocol
+        protocol = study.protocol(family, "first_attention", cli)
         assert protocol.seeds == 5 and protocol.head_orders
         labels = alignment_labels(protocol.alignment_options)
-        assert labels == ["permutation", "orthogonal", "full", "full-metric=weight", "full-metric=correlation"]
+        table1 = ["permutation", "orthogonal", "full", "full-metric=weight", "full-metric=correlation"]
+        assert labels == [*table1, *alignment_labels(study.methods)]  # Table 1's, then the study's methods
     assert shapes == {
         "vit_ape_w64": {(64, 4, 16)},
         "vit_ape_w32": {(32, 4, 16)},

@@ -6,17 +6,17 @@ import importlib
 import pytest
 import torch
 
-from benchmarks.matcher_quality.study import build, load_run
+from benchmarks.matcher_quality.pairs import build, load_run
 from lmc.data import Digits
 from lmc.models import create_model
 from lmc.training.module import save_trained
 
-MODULES = ("study", "checks", "path", "report")
+MODULES = ("pairs", "checks", "path", "report")
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_scripts_import(name):
-    """Each script imports: the study broke silently once when the lmc API it uses moved."""
+    """Each script imports: the pairs script broke silently once when the lmc API it uses moved."""
     importlib.import_module(f"benchmarks.matcher_quality.{name}")
 
 

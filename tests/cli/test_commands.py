@@ -36,7 +36,8 @@ def _outputs(model: torch.nn.Module, seed: int = 0) -> torch.Tensor:
         return adapter.forward(model.eval(), inputs)
 
 
-def test_align_writes_loadable_aligned_and_merged_checkpoints(checkpoints, tmp_path, capsys):
+@pytest.mark.parametrize("merge_alpha", ["0.5", "[0.5]"])  # a number, or a list of them
+def test_align_writes_loadable_aligned_and_merged_checkpoints(merge_alpha, checkpoints, tmp_path, capsys):
     output = tmp_path / "out"
     main(
         [
@@ -46,10 +47,11 @@ def test_align_writes_loadable_aligned_and_merged_checkpoints(checkpoints, tmp_p
             "--output",
             str(output),
             "--merge-alpha",
-            "[0.5]",
+            merge_alpha,
         ]
     )
     assert "distance to target" in capsys.readouterr().out
+    assert sorted(p.name for p in output.iterdir()) == ["aligned.ckpt", "merged_0.5.ckpt", "report.json"]
     source, _ = load_trained(checkpoints["seed0"])
     target, _ = load_trained(checkpoints["seed1"])
     aligned, hyperparameters = load_trained(output / "aligned.ckpt")
@@ -89,7 +91,7 @@ def test_outputs_never_replace_inputs_and_need_overwrite(checkpoints, tmp_path, 
     )
     assert copy.read_bytes() == before
     assert "already exist" in fails(["align", source, target, f"--output={folder}"], capsys)
-    for alpha in ("[.nan]", "[1.5]", "[-0.1]"):
+    for alpha in ("[.nan]", "[1.5]", "[-0.1]", "1.5", "-0.1"):
         assert "in [0, 1]" in fails(
             ["align", source, target, f"--output={tmp_path / 'o2'}", f"--merge_alpha={alpha}"], capsys
         )

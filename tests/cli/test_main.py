@@ -60,12 +60,30 @@ def test_flags_take_dashes_or_underscores():
     assert underscored(argv) == ["align", "a", "--merge_alpha", "[0.5]", "--num_alphas=3", "--overwrite", "x-y", "-h"]
 
 
-def test_help_lists_every_command(capsys):
+def test_help_lists_every_command_in_its_usage_line(capsys):
+    from lmc.cli import COMMANDS
+
     with pytest.raises(SystemExit):
         main(["--help"])
+    usage, *rest = capsys.readouterr().out.splitlines()
+    assert usage == f"usage: lmc {{{','.join(COMMANDS)}}} ..."
+    assert set(COMMANDS) == {"fit", "validate", "test", "predict", "run", "align", "interpolate", "equivalent", "demo",
+                             "repro", "symmetry"}  # fmt: skip
+    listed = "\n".join(rest)
+    for command in COMMANDS:
+        assert f"  {command} " in listed or f" {command}," in listed or f"{command}\n" in listed, command
+
+
+#: reStructuredText that docstrings use and plain-text help must not show.
+MARKUP = ("``", ":mod:`", ":func:`", ":class:`", ":meth:`", ":data:`")
+
+
+@pytest.mark.parametrize("command", [[], ["fit"], ["run"], ["align"], ["interpolate"], ["equivalent"], ["repro"]])
+def test_help_is_plain_text(command, capsys):
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
     text = capsys.readouterr().out
-    for command in ("fit", "run", "align", "interpolate", "equivalent", "demo", "symmetry"):
-        assert f"lmc {command}" in text or f"{command} " in text
+    assert len(text.splitlines()) > 5 and not [markup for markup in MARKUP if markup in text]
 
 
 def test_fit_never_writes_over_the_users_config(tmp_path, monkeypatch):

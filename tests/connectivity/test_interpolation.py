@@ -295,3 +295,37 @@ def test_a_changed_alignment_of_the_same_settings_never_resumes_its_stale_points
     assert len(calls) == 3  # the aligned curve again, not the naive one
     assert changed["curves"]["naive"] == first["curves"]["naive"]
     assert changed["curves"]["aligned"] != first["curves"]["aligned"]
+
+
+def test_interpolate_is_lerp_in_single_and_double_precision():
+    from lmc.connectivity.interpolation import interpolate
+
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        a, b = torch.randn(1000, generator=generator, dtype=dtype), torch.randn(1000, generator=generator, dtype=dtype)
+        for alpha in (0.0, 0.3, 0.5, 1.0):
+            assert torch.equal(interpolate(a, b, alpha), torch.lerp(a, b, alpha))
+
+
+def test_interpolate_rounds_half_precision_once():
+    """Half precision: the exact interpolation (float64) rounded to the dtype once, to half a unit in the last place."""
+    from lmc.connectivity.interpolation import interpolate
+
+    generator = torch.Generator().manual_seed(1)
+    for dtype, mantissa_bits in ((torch.bfloat16, 8), (torch.float16, 11)):
+        a = torch.randn(10_000, generator=generator).to(dtype)
+        b = torch.randn(10_000, generator=generator).to(dtype)
+        merged = interpolate(a, b, 0.3)
+        assert merged.dtype == dtype
+        exact = 0.7 * a.double() + 0.3 * b.double()
+        half_ulp = exact.abs() * 2.0**-mantissa_bits
+        assert bool(((merged.double() - exact).abs() <= half_ulp * (1 + 1e-6) + 1e-12).all())
+
+
+def test_check_alphas_keeps_the_first_of_repeats_and_names_bad_values():
+    from lmc.connectivity.interpolation import check_alphas
+
+    assert check_alphas([0.5, 0, 0.5, 1]) == [0.5, 0.0, 1.0]
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"merge alphas must lie in \[0, 1\]"):
+            check_alphas([0.5, bad], "merge alphas")

@@ -75,6 +75,7 @@ IMAGE, TEXT, LM = "image_classification", "text_classification", "causal_lm"
 EXPECTED_INFO = {
     "Digits": (Digits(), DataInfo(IMAGE, num_classes=10, image_size=8, in_channels=1)),
     "MNIST": (lmc.data.MNIST(), DataInfo(IMAGE, num_classes=10, image_size=28, in_channels=1)),
+    "MNIST5k": (lmc.data.MNIST5k(), DataInfo(IMAGE, num_classes=10, image_size=28, in_channels=1)),
     "CIFAR10": (lmc.data.CIFAR10(), DataInfo(IMAGE, num_classes=10, image_size=32, in_channels=3)),
     "CIFAR100": (lmc.data.CIFAR100(), DataInfo(IMAGE, num_classes=100, image_size=32, in_channels=3)),
     "ImageNet": (lmc.data.ImageNet(image_size=96), DataInfo(IMAGE, num_classes=1000, image_size=96, in_channels=3)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -30,30 +31,22 @@ def test_main_job_aligns_trained_pairs_below_their_naive_barrier(tmp_path, capsy
     assert "TensorBoard logs" in output
 
 
-def test_the_main_job_is_the_digits_experiments_with_the_main_job_protocol(tmp_path):
-    from pathlib import Path
+def test_the_main_job_reads_the_packaged_configs_from_any_working_folder(tmp_path, monkeypatch):
+    """The demo runs configs/experiment/digits_vit_*.yaml with configs/protocol/main_job.yaml, not a copy of them."""
+    from lmc.experiments.protocol import Schedule, experiment_cli
 
-    from lmc.experiments.protocol import experiment_cli
-
-    configs = Path(__file__).parents[2] / "configs"
-    for label, name in (("APE", "digits_vit_ape"), ("RoPE", "digits_vit_rope")):
-        config = demo.experiment_config(label, tmp_path, (demo.PRETRAIN_EPOCHS, demo.FINETUNE_EPOCHS))
-        main_job = experiment_cli(["--config", json.dumps(config)], run=False).config
-        from_yaml = experiment_cli(
-            [
-                "--config", str(configs / "experiment" / f"{name}.yaml"),
-                "--config", str(configs / "protocol" / "main_job.yaml"),
-                f"--protocol.output_dir={tmp_path / label}", f"--protocol.seeds={demo.SEEDS}",
-            ],
-            run=False,
-        ).config  # fmt: skip
-        for group in ("model", "data", "protocol"):
-            assert _settings(main_job[group]) == _settings(from_yaml[group]), group
-        assert main_job.seed_everything == from_yaml.seed_everything
-        for setting in ("accelerator", "devices", "max_epochs", "precision", "deterministic"):
-            assert main_job.trainer[setting] == from_yaml.trainer[setting] or setting == "max_epochs", setting
-
-
-def _settings(namespace) -> dict:
-    """A parsed group's values, without jsonargparse's record of the file they came from."""
-    return {k: v for k, v in namespace.as_dict().items() if k != "__path__"}
+    repository = Path(__file__).parents[2] / "configs"
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the packaged files are read
+    for label, pe in (("APE", "learned"), ("RoPE", "rope")):
+        arguments = demo.experiment_arguments(label, tmp_path / "runs")
+        assert [Path(a).resolve() for a in arguments[1:4:2]] == [
+            (repository / "experiment" / f"digits_vit_{label.lower()}.yaml").resolve(),
+            (repository / "protocol" / "main_job.yaml").resolve(),
+        ]
+        cli = experiment_cli(arguments, run=False)
+        assert cli.config.model.model_config["pe"] == pe
+        protocol = cli.config_init.protocol
+        assert (protocol.pretrain, protocol.finetune) == (Schedule(40), Schedule(60, 0.003))
+        assert protocol.output_dir == str(tmp_path / "runs" / label) and protocol.reinit == "first_attention"
+        shortened = experiment_cli(demo.experiment_arguments(label, tmp_path, epochs=2), run=False).config_init
+        assert (shortened.protocol.pretrain, shortened.protocol.finetune) == (Schedule(2), Schedule(2, 0.003))

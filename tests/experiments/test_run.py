@@ -12,6 +12,7 @@ import lightning
 import pytest
 import yaml
 
+import lmc.connectivity.results
 import lmc.connectivity.robustness
 import lmc.experiments.run
 import lmc.experiments.table1
@@ -105,7 +106,7 @@ def test_run_fits_every_seed_sweeps_every_pair_and_summarizes(finished, capsys):
 def test_a_killed_run_resumes_without_refitting_and_ends_identical(finished, tmp_path, monkeypatch):
     config = _config(tmp_path)
     sweeps = {"count": 0}
-    real = lmc.experiments.run.measure_connectivity
+    real = lmc.connectivity.results.measure_connectivity
 
     def killed_during_the_second_pair(*args, **kwargs):
         sweeps["count"] += 1
@@ -113,17 +114,58 @@ def test_a_killed_run_resumes_without_refitting_and_ends_identical(finished, tmp
             raise KeyboardInterrupt  # the kill
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lmc.experiments.run, "measure_connectivity", killed_during_the_second_pair)
+    monkeypatch.setattr(lmc.connectivity.results, "measure_connectivity", killed_during_the_second_pair)
     with pytest.raises(KeyboardInterrupt):
         main(["run", "--config", config])
     assert not (tmp_path / "run" / "summary.json").exists()
-    monkeypatch.setattr(lmc.experiments.run, "measure_connectivity", real)
+    monkeypatch.setattr(lmc.connectivity.results, "measure_connectivity", real)
 
     fits = []
     monkeypatch.setattr(lightning.Trainer, "fit", lambda self, *args, **kwargs: fits.append(args))
     main(["run", "--config", config])
     assert fits == []  # every stage had finished before the kill
     assert _summary(tmp_path)["alignments"] == _summary(finished)["alignments"]
+
+
+def test_a_pair_sweep_builds_each_model_once_from_its_fine_tuned_checkpoint(finished, tmp_path, monkeypatch):
+    """No stage CLI parsed again, no pre-trained weights re-initialized: the checkpoints' models, bit for bit."""
+    from lmc.checkpoints import load_weights
+    from lmc.connectivity.interpolation import fingerprint
+    from lmc.experiments.protocol import experiment_cli
+    from lmc.training import LMCModule
+
+    shutil.copytree(finished / "run", tmp_path / "run")  # finished stages and sweep states
+    experiment = lmc.experiments.run.Experiment(experiment_cli(["--config", _config(tmp_path)], run=False))
+    pretraining = experiment.pretrain_stage()
+    pretrained = experiment.fit(pretraining)
+    stages = [experiment.finetune_stage(seed, pretrained, pretraining.key) for seed in range(3)]
+    checkpoints = [experiment.fit(stage) for stage in stages]
+    # What the sweep of pair 0_1 used to build: seed 1's CLI model (pre-trained, re-initialized),
+    # overwritten with seed 1's weights, and seed 0's weights in a fresh backbone.
+    _, module, _ = experiment.instantiate(stages[1])
+    load_weights(module.model, checkpoints[1])
+    reference = load_weights(module.build_model(), checkpoints[0])
+    expected = [fingerprint(module.model.parameters()), fingerprint(reference.parameters())]
+
+    swept, parsed, reinitialized = [], [], []
+    measure, parse = lmc.connectivity.results.measure_connectivity, lmc.experiments.run.experiment_cli
+
+    def measured(model, reference, *args):
+        swept.append([fingerprint(model.parameters()), fingerprint(reference.parameters())])
+        return measure(model, reference, *args)
+
+    monkeypatch.setattr(lmc.connectivity.results, "measure_connectivity", measured)
+    monkeypatch.setattr(lmc.experiments.run, "experiment_cli", lambda *a, **k: parsed.append(a) or parse(*a, **k))
+    monkeypatch.setattr(LMCModule, "reinitialize", lambda self, *a: reinitialized.append(a) or [])
+    results = experiment.sweep_pair(stages, checkpoints, 0, 1)
+    assert parsed == reinitialized == []
+    assert swept == [expected, expected]  # one sweep per alignment, of the same two models
+    for label in ("permutation", "full"):
+        (before,) = json.loads((finished / "run" / "pairs" / "0_1" / label / "lmc_results.json").read_text())[
+            "references"
+        ].values()
+        for name in ("key", "model_fingerprint", "reference_fingerprint", "settings", "curves"):
+            assert results[label][name] == before[name]
 
 
 def test_a_changed_config_never_reuses_a_stage(finished, tmp_path, capsys):

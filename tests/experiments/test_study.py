@@ -11,7 +11,7 @@ import yaml
 
 from lmc.adapters import model_spec
 from lmc.cli import main
-from lmc.experiments.protocol import experiment_cli
+from lmc.experiments.protocol import Schedule, experiment_cli
 from lmc.experiments.study import Family, Study, load_study, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,21 +30,58 @@ def test_every_family_is_the_papers_six_layers_and_four_heads():
     ]  # fmt: skip
     assert study.strategies == ["first_attention", "all_attention", "first_block", "full_model"]
     for family in study.families:
-        cli = experiment_cli(study.run_arguments(family, "first_attention", None), run=False)
+        cli = experiment_cli(study.arguments(family, "first_attention"), run=False)
         layers = model_spec(cli.model.model).attention
         assert len(layers) == 6 and {layer.num_heads for layer in layers} == {4}, family.name
-        assert cli.config_init.protocol.seeds == (5 if family.table1 else 3)
-        assert bool(cli.config_init.protocol.head_orders) == family.table1
+        protocol = study.protocol(family, "first_attention", cli)
+        assert protocol.seeds == (5 if family.table1 else 3)
+        assert bool(protocol.head_orders) == family.table1
     assert [family.name for family in study.families if family.table1] == ["vit_ape", "vit_rope"]
 
 
-def test_run_arguments_share_the_pretrained_model_and_train_full_model_from_scratch():
-    study = load_study([STUDY])
-    family = study.families[0]
-    args = study.run_arguments(family, "first_block", Path("runs/x/pretrain/final.ckpt"))
-    assert "--protocol.pretrained=runs/x/pretrain/final.ckpt" in args
-    assert "--protocol.robustness=true" not in study.run_arguments(family, "first_attention", None)
-    assert "--protocol.robustness=true" in study.run_arguments(family, "full_model", None)
+def test_each_runs_protocol_shares_the_pretrained_model_and_trains_full_model_from_scratch():
+    study = dataclasses.replace(load_study([STUDY]), output_dir="runs/x")
+    family = study.families[2]  # not a Table 1 family: every strategy has the same configs
+    cli = experiment_cli(study.arguments(family, "first_block"), run=False)
+    first, block, full = (
+        study.protocol(family, strategy, cli) for strategy in ("first_attention", "first_block", "full_model")
+    )
+    assert first.pretrained is None and block.pretrained == "runs/x/bert_ape/first_attention/pretrain/final.ckpt"
+    assert (first.output_dir, first.reinit) == ("runs/x/bert_ape/first_attention", "first_attention")
+    assert not first.robustness and block.robustness and full.robustness
+    # Everything re-initialized: trained as long as the pre-training, at the model's learning rate.
+    assert full.finetune == Schedule(max_epochs=30, lr=cli.config.model.lr) != first.finetune
+    assert study.protocol(family, "first_attention", cli, pretraining=True).alignments is None  # no methods
+
+
+def test_a_run_parses_its_configs_once_and_is_given_its_protocol_as_an_object(monkeypatch, tmp_path):
+    """No protocol setting travels as a command-line string (AlignOptions dumped to JSON) to be parsed back."""
+    import lmc.experiments.protocol
+    import lmc.experiments.run
+    import lmc.experiments.study
+
+    study = dataclasses.replace(load_study([STUDY]), output_dir=str(tmp_path))
+    parsed, protocols = [], {}
+    real = lmc.experiments.protocol.experiment_cli
+
+    def counted(args, run=True):
+        parsed.append(args)
+        return real(args, run=run)
+
+    monkeypatch.setattr(lmc.experiments.protocol, "experiment_cli", counted)
+    monkeypatch.setattr(lmc.experiments.study, "experiment_cli", counted, raising=False)
+    monkeypatch.setattr(
+        lmc.experiments.run.Experiment, "run", lambda self: protocols.update({self.protocol.reinit: self})
+    )
+    monkeypatch.setattr(lmc.experiments.study, "first_layer_inputs", lambda experiment: {})
+    family = study.families[2]
+    for strategy in study.strategies:
+        lmc.experiments.study.run_strategy(study, family, strategy)
+    assert len(parsed) == len(study.strategies)  # one parse per run
+    assert not [arg for args in parsed for arg in args if arg.startswith("--protocol.")]
+    full = protocols["full_model"]
+    assert full.protocol.finetune.max_epochs == full.protocol.pretrain.max_epochs == 30
+    assert full.config.protocol.finetune.max_epochs == 30  # and the stages' configs record it
 
 
 def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypatch, tmp_path):
@@ -114,7 +151,7 @@ def test_a_familys_configs_follow_its_experiment_config_and_must_exist(tmp_path)
     narrow.write_text("model: {model_config: {pe: learned, width: 16, head_dim: 16}}\n")
     family = Family("narrow", "ViT, width 16", "configs/study/vit_ape.yaml", configs=[str(narrow)])
     study = Study(families=[family], strategies=["first_attention"])
-    layer = model_spec(experiment_cli(study.run_arguments(family, "first_attention", None), run=False).model.model)
+    layer = model_spec(experiment_cli(study.arguments(family, "first_attention"), run=False).model.model)
     assert {(a.width, a.num_heads, a.head_dim) for a in layer.attention} == {(16, 4, 16)}
     with pytest.raises(FileNotFoundError, match="missing.yaml does not exist"):
         Study(families=[dataclasses.replace(family, configs=["configs/study/missing.yaml"])])
@@ -194,3 +231,21 @@ def test_a_task_whose_config_its_parser_refuses_is_one_line_naming_it_and_its_lo
     log = tmp_path / "runs" / "v" / "first_attention" / "log.txt"
     assert len(error.splitlines()) == 1 and error.startswith("lmc: error: v/pretrain stopped with status 2: "), error
     assert "model_konfig" in error and str(log) in error and not (tmp_path / "r.md").exists()
+
+
+def test_a_study_reads_the_packaged_configs_from_any_working_folder(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    study = load_study([STUDY, QUICK])
+    packaged = ROOT / "configs" / "study"
+    assert [Path(family.experiment).resolve() for family in study.families] == [
+        (packaged / f"{family.name}.yaml").resolve() for family in study.families
+    ]
+    assert Path(study.table1).resolve() == (ROOT / "configs" / "protocol" / "table1.yaml").resolve()
+    # A file of the working folder comes first: the user's own quick form.
+    own = tmp_path / "configs" / "study" / "quick.yaml"
+    own.parent.mkdir(parents=True)
+    own.write_text(yaml.safe_dump({"study": {"seeds": 4, "output_dir": str(tmp_path / "mine")}}))
+    mine = load_study([STUDY, QUICK])
+    assert (mine.seeds, mine.output_dir) == (4, str(tmp_path / "mine"))
+    with pytest.raises(FileNotFoundError, match="configs/study/missing.yaml does not exist"):
+        load_study([STUDY, "configs/study/missing.yaml"])

@@ -43,7 +43,7 @@ def _hf_load(folder: Path) -> torch.nn.Module:
 def _timm_load(folder: Path) -> torch.nn.Module:
     import timm
 
-    return timm.create_model(f"local-dir:{folder}", pretrained=True).eval()  # the README's load-back line
+    return timm.create_model(f"local-dir:{folder}", pretrained=True).eval()  # the load-back line of docs/checkpoints.md
 
 
 def _check_merged(merged: torch.nn.Module, target: torch.nn.Module, aligned: torch.nn.Module, alpha: float) -> None:
@@ -222,21 +222,33 @@ def test_an_atomic_output_folder_replaces_the_old_one_only_when_complete(tmp_pat
             pass
 
 
-def test_safetensors_folders_at_an_attention_scope_are_aligned_streamed(tmp_path, capsys):
+@pytest.mark.parametrize("name", ["llama-tiny", "roformer-tiny", "rope-vit-tiny"])
+def test_safetensors_folders_at_an_attention_scope_are_aligned_streamed(name, tmp_path, capsys, monkeypatch):
     # Fine-tuned under all_attention: everything else equal, as the streamed path requires.
-    source = model("llama-tiny", {}, seed=0)
-    target, other = model("llama-tiny", {}, seed=0), model("llama-tiny", {}, seed=1)
+    source = model(name, {}, seed=0)
+    target, other = model(name, {}, seed=0), model(name, {}, seed=1)
     other_parameters = dict(other.named_parameters())
     with torch.no_grad():
-        for name in scope_parameters(target, "all_attention"):
-            dict(target.named_parameters())[name].copy_(other_parameters[name])
-    source_dir, target_dir = save_hf(source, tmp_path / "s"), save_hf(target, tmp_path / "t")
+        for parameter in scope_parameters(target, "all_attention"):
+            dict(target.named_parameters())[parameter].copy_(other_parameters[parameter])
+    timm = name == "rope-vit-tiny"
+    save, load = (save_timm, _timm_load) if timm else (save_hf, _hf_load)
+    source_dir, target_dir = save(source, tmp_path / "s"), save(target, tmp_path / "t")
     output = tmp_path / "out"
+    reads, read_text = [], Path.read_text
+
+    def counted(self, *args, **kwargs):
+        reads.extend([self.parent] if self.name == "config.json" else [])
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
     main(["align", str(source_dir), str(target_dir), "--output", str(output), "--scope", "all_attention",
           "--merge-alpha", "[0.5]"])  # fmt: skip
+    monkeypatch.undo()
     assert "streamed" in capsys.readouterr().out
-    aligned, merged = _hf_load(output / "aligned"), _hf_load(output / "merged_0.5")
+    assert sorted(reads) == [source_dir, target_dir]  # lmc parses each input's config.json once
+    aligned, merged = load(output / "aligned"), load(output / "merged_0.5")
     torch.testing.assert_close(_logits(aligned), _logits(source), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
-    _check_merged(merged, _hf_load(target_dir), aligned, 0.5)
+    _check_merged(merged, load(target_dir), aligned, 0.5)
     report = json.loads((output / "report.json").read_text())
     assert report["scope"] == "all_attention" and report["distance"]["aligned"] < report["distance"]["naive"]

@@ -71,6 +71,28 @@ def test_causal_lm_curves_on_a_text_file_with_perplexity_and_every_output(gpt2_p
     assert {"lmc/reference_0/aligned/perplexity", "lmc/reference_0/naive/loss_barrier"} <= scalars
 
 
+def test_one_command_detects_each_checkpoint_and_parses_its_config_json_once(gpt2_pair, tmp_path, monkeypatch):
+    """Format, config and timm settings are one value per checkpoint (lmc.formats.Checkpoint), read once."""
+    reads = []
+    read_text = Path.read_text
+
+    def counted(self, *args, **kwargs):
+        if self.name == "config.json":
+            reads.append(self.parent)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    text = tmp_path / "eval.txt"
+    text.write_text("\n".join(sentences(12)))
+    a, b = gpt2_pair
+    flags = ["--output-dir", str(tmp_path / "o"), "--num-alphas", "2", "--sequence-length", "8"]
+    main(["interpolate", str(a), str(b), "--data", str(text), *flags])
+    assert sorted(reads) == [a, b]
+    reads.clear()
+    main(["align", str(a), str(b), "--output", str(tmp_path / "aligned")])  # in memory (full_model)
+    assert sorted(p for p in reads if p in (a, b)) == [a, b]  # besides the written model, read back once
+
+
 @pytest.mark.parametrize("kind", ["jsonl", "json", "csv", "parquet", "save_to_disk"])
 def test_causal_lm_tables_with_a_text_column(kind, gpt2_pair, tmp_path):
     texts = sentences(10)

@@ -17,6 +17,8 @@ from torch import nn
 
 import lmc.formats.streamed
 from lmc.adapters import adapter_for, scope_parameters
+from lmc.connectivity.interpolation import interpolate
+from lmc.formats import timm_files
 from lmc.formats.streamed import align_directories
 from lmc.matching import PROBE_RTOL, AlignmentError, align
 from lmc.models import create_model, randomize_parameters_
@@ -37,9 +39,24 @@ def fine_tuned_pair(name: str, scope: str, dtype: torch.dtype) -> tuple[nn.Modul
 
 
 def save(model: nn.Module, folder: Path, sharded: bool) -> Path:
+    """A ``save_pretrained`` folder of a Hugging Face model, or timm's folder layout of a timm model."""
+    if is_timm(model):
+        assert not sharded, "timm folders hold one model.safetensors"
+        timm_files.save_model(model, folder)
+        return folder
     model.save_pretrained(folder, max_shard_size="20KB" if sharded else "1GB")
     assert (folder / "model.safetensors.index.json").is_file() == sharded
     return folder
+
+
+def load(like: nn.Module, folder: Path, dtype: torch.dtype) -> nn.Module:
+    if is_timm(like):
+        return timm_files.load_model(folder)
+    return type(like).from_pretrained(folder, dtype=dtype).eval()
+
+
+def is_timm(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("timm.")
 
 
 def outputs(model: nn.Module) -> torch.Tensor:
@@ -53,8 +70,12 @@ CASES = [
     ("llama-tiny", torch.float32, False, "first_block"),
     ("gpt2-tiny", torch.float32, True, "first_block"),
     ("gpt2-tiny", torch.bfloat16, False, "all_attention"),
-    ("bert-tiny", torch.float32, False, "all_attention"),
+    ("bert-tiny", torch.float32, False, "first_block"),
     ("bert-tiny", torch.bfloat16, True, "first_attention"),
+    ("roformer-tiny", torch.float32, True, "all_attention"),
+    ("roformer-tiny", torch.bfloat16, False, "first_block"),
+    ("vit-tiny", torch.float32, False, "first_block"),
+    ("rope-vit-tiny", torch.bfloat16, False, "all_attention"),
 ]
 
 
@@ -66,22 +87,30 @@ def test_streamed_alignment_equals_align_in_memory(tmp_path, name, dtype, sharde
     report = align_directories(source_dir, target_dir, tmp_path / "out", scope, merge_alphas=[0.5, 1])
     aligned, expected = align(source, target, scope)
 
-    assert [layer.assignment for layer in report.layers] == [layer.assignment for layer in expected.layers]
+    # The same per-layer solves: every layer's assignments and distances, FFNs included.
+    assert [(layer.name, layer.kind) for layer in report.layers] == [(e.name, e.kind) for e in expected.layers]
+    assert any(layer.kind == "feed_forward" for layer in report.layers) == (scope == "first_block")
+    for layer, in_memory in zip(report.layers, expected.layers):
+        assert layer.assignment == in_memory.assignment, layer.name
+        assert layer.kv_assignment == in_memory.kv_assignment, layer.name
+        assert layer.distance.keys() == in_memory.distance.keys(), layer.name
+        for stage, distance in layer.distance.items():
+            assert distance == pytest.approx(in_memory.distance[stage], rel=1e-12), (layer.name, stage)
     assert report.distance == pytest.approx(expected.distance, rel=1e-12)
     assert report.distance["aligned"] < report.distance["naive"]
     assert 0 < report.probe_relative_error <= PROBE_RTOL[dtype]
-    written = type(source).from_pretrained(tmp_path / "out" / "aligned", dtype=dtype).eval()
+    written = load(source, tmp_path / "out" / "aligned", dtype)
     aligned_weights, target_weights = aligned.state_dict(), target.state_dict()
     for parameter_name, value in written.state_dict().items():
-        assert value.dtype == dtype
+        assert value.dtype == aligned_weights[parameter_name].dtype
         assert torch.equal(value, aligned_weights[parameter_name]), parameter_name
     reference = outputs(source)
     assert float((outputs(written) - reference).norm() / reference.norm()) <= PROBE_RTOL[dtype]
-    merged = type(source).from_pretrained(tmp_path / "out" / "merged_0.5", dtype=dtype).state_dict()
+    merged = load(source, tmp_path / "out" / "merged_0.5", dtype).state_dict()
     for parameter_name, value in merged.items():
-        lerped = torch.lerp(target_weights[parameter_name], aligned_weights[parameter_name], 0.5)
+        lerped = interpolate(target_weights[parameter_name], aligned_weights[parameter_name], 0.5)
         assert torch.equal(value, lerped), parameter_name
-    end_point = type(source).from_pretrained(tmp_path / "out" / "merged_1", dtype=dtype).state_dict()
+    end_point = load(source, tmp_path / "out" / "merged_1", dtype).state_dict()
     assert all(torch.equal(end_point[k], v) for k, v in written.state_dict().items())
     # Sharded like the source, with its index and config; the report beside them.
     assert sorted(p.name for p in (tmp_path / "out" / "aligned").iterdir()) == sorted(
@@ -118,7 +147,7 @@ def test_a_failure_midway_leaves_no_output(tmp_path, llama_pair, monkeypatch):
         if len(written) == 7:
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(lmc.formats.streamed, "_write_tensor", failing_write)
+    monkeypatch.setattr(lmc.formats.streamed, "write_tensor", failing_write)
     before = sorted(os.listdir(tmp_path))
     with pytest.raises(OSError, match="No space left"):
         align_directories(*llama_pair, tmp_path / "out", "all_attention", merge_alphas=[0.5])
@@ -131,7 +160,7 @@ def test_existing_output_is_replaced_only_when_asked_and_only_when_complete(tmp_
     (output / "old.txt").write_text("old")
     with pytest.raises(ValueError, match="already exists"):
         align_directories(*llama_pair, output, "all_attention")
-    monkeypatch.setattr(lmc.formats.streamed, "_write_tensor", lambda handle, tensor: 1 / 0)
+    monkeypatch.setattr(lmc.formats.streamed, "write_tensor", lambda handle, tensor: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         align_directories(*llama_pair, output, "all_attention", overwrite=True)
     assert sorted(os.listdir(output)) == ["old.txt"]
@@ -152,9 +181,9 @@ def test_bad_pairs_and_outputs_are_refused(tmp_path, llama_pair):
     with pytest.raises(ValueError, match=r"merge alphas must lie in \[0, 1\]"):
         align_directories(source_dir, target_dir, tmp_path / "out", "all_attention", merge_alphas=[1.5])
     other = save(create_model("llama-tiny", hidden_size=64), tmp_path / "wider", False)
-    with pytest.raises(AlignmentError, match="hold different tensors"):
+    with pytest.raises(AlignmentError, match="different architectures: parameters differ"):
         align_directories(source_dir, other, tmp_path / "out", "all_attention")
-    with pytest.raises(lmc.checkpoints.CheckpointError, match="no config.json"):
+    with pytest.raises(lmc.checkpoints.CheckpointError, match="neither a Hugging Face model directory"):
         align_directories(source_dir, tmp_path, tmp_path / "out", "all_attention")
     assert sorted(os.listdir(tmp_path)) == ["source", "target", "wider"]
 
@@ -177,7 +206,7 @@ def test_non_finite_weights_are_refused(tmp_path, llama_pair):
 MEMORY_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    import lmc.formats.streamed
+    import lmc.formats.safetensors
     from lmc.matching import AlignOptions
     from lmc.formats.streamed import align_directories
 
@@ -185,7 +214,7 @@ MEMORY_SCRIPT = textwrap.dedent(
         line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
         return int(line.split()[1]) * 1024
 
-    lmc.formats.streamed.CHUNK_BYTES = 1 << 20
+    lmc.formats.safetensors.CHUNK_BYTES = 1 << 20
     root, options = sys.argv[1], AlignOptions(method="orthogonal")
     align_directories(f"{root}/warm-source", f"{root}/warm-target", f"{root}/warm-out", "all_attention", options)
     before = peak()
@@ -237,3 +266,12 @@ def test_streamed_alignment_stays_far_below_two_models_in_memory(tmp_path):
     assert measured["growth"] < model_bytes / 4, measured  # loading both whole adds 2 * model_bytes
     with safe_open(str(tmp_path / "big-out" / "aligned" / "model.safetensors"), framework="pt") as handle:
         assert len(list(handle.keys())) == 16 * 9 + 3
+
+
+def test_a_corrupted_shard_is_named(tmp_path, llama_pair):
+    source_dir, target_dir = llama_pair
+    shard = sorted(source_dir.glob("model-*.safetensors"))[-1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # the header survives, the data does not
+    with pytest.raises(lmc.checkpoints.CheckpointError, match=f"{shard.name}: truncated or corrupted"):
+        align_directories(source_dir, target_dir, tmp_path / "out", "all_attention")
+    assert not (tmp_path / "out").exists()

@@ -5,14 +5,14 @@ source = higher seed ``j``, as ``align(source=seed j, target=seed i)``; ``lmc ru
 pair ``i_j`` the other way round, source ``i`` and target ``j``): barriers of naive, Stage 1 only
 (per metric), orthogonal start and full Stage 2, and of all 24 head orders each followed by the
 orthogonal start and by full Stage 2. Interpolations run on the validation split, 25 alphas.
-The seeds are ``lmc run``'s checkpoints ``<runs>/<pe>/seed<k>/final.ckpt`` (README: Reproduce).
+The seeds are ``lmc run``'s checkpoints ``<runs>/<pe>/seed<k>/final.ckpt`` (benchmarks/matcher_quality/README.md).
 
 Cost control (exact, not an approximation): a curve's barrier is at least its gap at the
 midpoint (alpha = 0.5 is one of the 25 points), so an order whose midpoint gap already
 exceeds a barrier cannot beat it. The 24 orders are evaluated at the midpoint first and full
 curves are computed only for those that could be top-1 or could rank above a method's order.
 
-Usage: python -m benchmarks.matcher_quality.study --pe learned --seeds 5 [--pairs 0-1 ...]
+Usage: python -m benchmarks.matcher_quality.pairs --pe learned --seeds 5 [--pairs 0-1 ...]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def load_run(runs: str | Path, pe: str, stage: str) -> tuple[dict[str, Any], dic
     """Hyper-parameters and backbone weights of ``lmc run``'s ``<runs>/<pe>/<stage>/final.ckpt``."""
     path = Path(runs) / pe / stage / "final.ckpt"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: train the pairs first (README: Reproduce)")
+        raise FileNotFoundError(f"{path} does not exist: train the pairs first (benchmarks/matcher_quality/README.md)")
     module, hyperparameters = load_trained(path)
     found = (hyperparameters.get("model_config") or {}).get("pe")
     if found != pe:

@@ -1,0 +1,141 @@
+"""Safetensors checkpoints read lazily: a folder's tensors as a ``Mapping[str, Tensor]``.
+
+Every read opens the shard with ``safe_open``, copies one tensor (or one chunk of its rows) into
+memory of its own and closes the file again, so no memory map grows with the checkpoint. The
+matcher's per-layer solves take such a mapping as they take a model's parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lmc.checkpoints import CheckpointError
+
+#: The floating-point dtypes of safetensors headers, by name.
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+#: Largest piece of a tensor held at once while it is copied, compared or merged (bytes).
+CHUNK_BYTES = 1 << 26
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor is stored: its shard file and its safetensors header entry."""
+
+    shard: str
+    dtype: str
+    shape: tuple[int, ...]
+    offsets: tuple[int, int]
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in SAFETENSORS_DTYPES
+
+
+def read_header(path: Path) -> tuple[bytes, dict]:
+    """The raw header prefix (length and JSON) of a safetensors file, and the parsed header.
+
+    Raises:
+        CheckpointError: The file is not a safetensors file (naming it).
+    """
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) != 8:
+            raise CheckpointError(f"{path} is not a safetensors file (shorter than 8 bytes)")
+        (length,) = struct.unpack("<Q", prefix)
+        text = handle.read(length)
+    try:
+        header = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path} is not a safetensors file: unreadable header ({error})") from error
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} is not a safetensors file: its header is not a JSON object")
+    return prefix + text, header
+
+
+class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
+    """The tensors of one or several safetensors files, each read when it is looked up.
+
+    Args:
+        folder: The checkpoint's folder.
+        files: Its weight files in order (the shards of a sharded checkpoint).
+
+    Raises:
+        CheckpointError: A file is not a safetensors file.
+    """
+
+    def __init__(self, folder: str | Path, files: Sequence[Path]):
+        self.folder = Path(folder)
+        not_safetensors = [path.name for path in files if path.suffix != ".safetensors"]
+        if not_safetensors:
+            raise CheckpointError(
+                f"{self.folder} stores its weights as {not_safetensors[0]}; streamed alignment reads safetensors: "
+                "save the model with save_pretrained(..., safe_serialization=True)"
+            )
+        self.shards = [path.name for path in files]
+        self.headers: dict[str, bytes] = {}
+        self.entries: dict[str, TensorEntry] = {}
+        for shard in self.shards:
+            self.headers[shard], header = read_header(self.folder / shard)
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    self.entries[name] = TensorEntry(
+                        shard, entry["dtype"], tuple(entry["shape"]), tuple(entry["data_offsets"])
+                    )
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` in its stored dtype, in memory of its own."""
+        return self.rows(name, None, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Every tensor's stored dtype and shape, by name (from the headers: nothing is read)."""
+        return {name: (entry.dtype, entry.shape) for name, entry in self.entries.items()}
+
+    def names(self, shard: str) -> list[str]:
+        """The tensors of ``shard`` in file order."""
+        return sorted((n for n, e in self.entries.items() if e.shard == shard), key=lambda n: self.entries[n].offsets)
+
+    def rows(self, name: str, start: int | None, stop: int | None) -> torch.Tensor:
+        """Rows ``start:stop`` of tensor ``name`` (all of it for ``None``; a scalar whole).
+
+        Raises:
+            CheckpointError: The shard holding it is truncated or corrupted (naming the file).
+        """
+        from safetensors import SafetensorError, safe_open
+
+        path = self.folder / self.entries[name].shard
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                if start is None or len(self.entries[name].shape) == 0:
+                    return handle.get_tensor(name).clone()
+                return handle.get_slice(name)[start:stop].clone()
+        except SafetensorError as error:
+            raise CheckpointError(f"cannot read {name} from {path}: truncated or corrupted ({error})") from error
+
+    def chunks(self, name: str) -> Iterator[tuple[int, int]]:
+        """Row ranges of ``name`` of at most :data:`CHUNK_BYTES` each (one range for a scalar)."""
+        entry = self.entries[name]
+        if len(entry.shape) == 0:
+            yield 0, 0
+            return
+        row_bytes = max(1, (entry.offsets[1] - entry.offsets[0]) // max(1, entry.shape[0]))
+        step = max(1, CHUNK_BYTES // row_bytes)
+        for start in range(0, entry.shape[0], step):
+            yield start, min(start + step, entry.shape[0])
+
+
+def write_tensor(handle, tensor: torch.Tensor) -> None:
+    """Append ``tensor``'s bytes to an open safetensors file being written after its header."""
+    handle.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
