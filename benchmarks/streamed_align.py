@@ -12,8 +12,14 @@ subprocesses with ``--threads`` torch threads measures:
 The Llama-3.2-1B shape is measured the same way, and at ``full_model`` with ``lmc.matching.align``
 in memory (``full_model`` is not streamed), its pair independent everywhere.
 
-    python benchmarks/streamed_align.py                       # 1b then 8b, into results/streamed_align.json
+Each finished shape is written to ``--output`` (its row replacing that shape's) and the JSON is
+rendered to the Markdown beside it (``results/streamed_align.md``): every figure of the Markdown
+is one of the JSON's, or arithmetic on them and on this file's constants. Never edit either by
+hand; ``--render`` renders the Markdown again from the JSON, measuring nothing.
+
+    python benchmarks/streamed_align.py                       # 1b then 8b, into results/streamed_align.{json,md}
     python benchmarks/streamed_align.py --shapes 1b --keep    # keep the written folders
+    python benchmarks/streamed_align.py --render              # the Markdown again from the JSON
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import resource
 import shutil
 import struct
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).parents[1]
 SHAPES = {
@@ -37,8 +45,11 @@ SHAPES = {
     "8b-2layers": (4096, 2, 32, 8, 14336, 128256, False),  # Llama-3-8B's layers, two of them: per-layer costs
     "tiny": (256, 2, 4, 2, 512, 1000, False),  # a check of this script
 }
+NAMES = {"1b": "Llama-3.2-1B", "8b": "Llama-3-8B", "8b-2layers": "Llama-3-8B widths, 2 layers", "tiny": "tiny"}
 FULL_MODEL = ("1b", "tiny")  # shapes also aligned at full_model, in memory
 SHARD_BYTES = 5 * 10**9
+TARGET = {"shape": "8b", "seconds": 600.0, "peak_rss": 3 * 10**9}
+"""Issue #9's target: the 8B pair streamed at ``all_attention`` in under 10 minutes and 3 GB of peak RSS."""
 
 
 def config_of(shape: str):
@@ -187,6 +198,144 @@ def in_subprocess(threads: int, function: str, *args: str, timeout: float | None
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def machine() -> dict[str, Any]:
+    """Where a shape is measured: CPU, cores, memory, torch version and the load average before the run."""
+    import torch
+
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor() or platform.machine(),
+    )
+    memory = next((int(line.split()[1]) * 1024 for line in _lines("/proc/meminfo") if line.startswith("MemTotal:")), 0)
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_bytes": memory,
+        "torch": torch.__version__,
+        "load_average_before": os.getloadavg()[0],
+    }
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _gb(value: float) -> str:
+    return f"{value / 1e9:.2f} GB"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s"
+
+
+def _shape_text(shape: str) -> str:
+    width, layers, heads, kv_heads, intermediate, vocab, tied = SHAPES[shape]
+    text = f"{layers} layers, width {width}, {heads} heads, {kv_heads} KV heads, d_h {width // heads}"
+    return f"{NAMES.get(shape, shape)} ({text}{', tied' if tied else ''})"
+
+
+def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.json") -> str:
+    """The Markdown of a results JSON (what :func:`main` writes beside it): its figures and sums of them only."""
+    shapes = list(results)
+    threads = sorted({row["threads"] for row in results.values()})
+    lines = [
+        "# Streamed alignment (`lmc.formats.streamed.align_directories`): time and peak memory, bf16 Llama shapes",
+        "",
+        f"Rendered by `benchmarks/streamed_align.py` from `{json_name}` beside this file: do not edit",
+        "either by hand. Each row is one run of the script on that shape (rows of several runs are",
+        "merged by shape), e.g.",
+        "",
+        f"    python benchmarks/streamed_align.py --shapes {' '.join(shapes)} --threads {' '.join(map(str, threads))}",
+        "",
+        "Pairs: random bf16 weights (`N(0, 0.02)`, norms `N(0, 1)`), written by the benchmark as Hugging",
+        f"Face `save_pretrained` folders with {SHARD_BYTES / 1e9:g} GB shards and an index; source and target",
+        'equal outside attention. `all_attention`, `method="full"`. Gram-pass floor: read every attention',
+        "tensor of both models through `safe_open` and form each layer's Gram blocks, nothing else. The",
+        "rest of the streamed time is the write pass (read both models, transform, write one). Peak RSS:",
+        "the measuring process's `VmHWM` (interpreter, torch and transformers included).",
+        "",
+    ]
+    target = results.get(TARGET["shape"], {}).get("all_attention")
+    if target is not None:
+        met = target["seconds"] < TARGET["seconds"] and target["peak_rss"] < TARGET["peak_rss"]
+        one = results[TARGET["shape"]]["model_bytes"]
+        lines += [
+            f"**{NAMES[TARGET['shape']]} at `all_attention`: {target['seconds'] / 60:.1f} minutes, "
+            f"{_gb(target['peak_rss'])} peak RSS** (issue #9's target: under {TARGET['seconds'] / 60:g} minutes "
+            f"and {TARGET['peak_rss'] / 1e9:g} GB; {'met' if met else 'missed'}). One model is {_gb(one)}, "
+            f"so loading both would take {_gb(2 * one)}.",
+            "",
+        ]
+    lines += [
+        "## Streamed `all_attention`",
+        "",
+        "| shape | one model (bf16) | torch threads | writing the pair | Gram-pass floor | streamed (grams + stage 1 + "
+        "stage 2 + rest) | x floor | stage 2 per layer | peak RSS | distance aligned / naive | worst layer probe "
+        "error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for shape, row in results.items():
+        streamed, floor = row["all_attention"], row["floor"]
+        stages = streamed["stages"]
+        rest = streamed["seconds"] - sum(stages.values())
+        parts = " + ".join(f"{stages[k]:.1f}" for k in ("grams", "stage1", "stage2")) + f" + {rest:.1f}"
+        lines.append(
+            f"| {_shape_text(shape)} | {_gb(row['model_bytes'])} | {row['threads']} | {_seconds(row['write_seconds'])} "
+            f"| {_seconds(floor['seconds'])} | **{_seconds(streamed['seconds'])}** ({parts}) "
+            f"| {streamed['seconds'] / floor['seconds']:.2f} | {stages['stage2'] / SHAPES[shape][1]:.2f} s "
+            f"| **{_gb(streamed['peak_rss'])}** | {streamed['distance_ratio']:.4f} "
+            f"| {streamed['probe_relative_error']:.1e} |"
+        )
+    floors = ", ".join(f"{NAMES.get(shape, shape)} {_gb(row['floor']['peak_rss'])}" for shape, row in results.items())
+    lines += ["", f"Peak RSS of the Gram-pass floor alone: {floors}."]
+    in_memory = {shape: row["full_model"] for shape, row in results.items() if "full_model" in row}
+    if in_memory:
+        lines += [
+            "",
+            "## `full_model` in memory",
+            "",
+            "`full_model` is not streamed (the residual-stream permutation couples every tensor): measured with",
+            "`lmc.matching.align` after `from_pretrained` of both bf16 models, a pair independent everywhere.",
+            "",
+            "| shape | time (loading both) | peak RSS | x one model | distance aligned / naive | probe relative "
+            "error |",
+            "|---|---|---|---|---|---|",
+        ]
+        for shape, run in in_memory.items():
+            if "timed_out_after" in run:
+                lines.append(
+                    f"| {_shape_text(shape)} | not finished in {_seconds(run['timed_out_after'])} | - | - | - | - |"
+                )
+                continue
+            lines.append(
+                f"| {_shape_text(shape)} | **{_seconds(run['seconds'])}** ({_seconds(run['load_seconds'])}) "
+                f"| **{_gb(run['peak_rss'])}** | {run['peak_rss'] / results[shape]['model_bytes']:.1f} "
+                f"| {run['distance_ratio']:.4f} | {run['probe_relative_error']:.1e} |"
+            )
+    lines += ["", "## Machines", ""]
+    for shape, row in results.items():
+        where = row.get("machine")
+        if where is None:
+            lines.append(f"- {NAMES.get(shape, shape)}: not recorded (measured before the script recorded it).")
+        else:
+            lines.append(
+                f"- {NAMES.get(shape, shape)}: {where['cpu']}, {where['cores']} cores, {_gb(where['memory_bytes'])} "
+                f"of memory, torch {where['torch']}, load average {where['load_average_before']:.2f} before the run."
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: dict[str, dict[str, Any]], output: Path) -> None:
+    """``results`` to ``output`` and its rendering to the Markdown beside it, each atomically."""
+    from lmc.io import atomic_write_text
+
+    atomic_write_text(output, json.dumps(results, indent=2) + "\n")
+    atomic_write_text(output.with_suffix(".md"), render(results, output.name))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["1b", "8b"], choices=list(SHAPES))
@@ -195,17 +344,22 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the written checkpoints")
     parser.add_argument("--full-model-timeout", type=float, default=900, help="seconds allowed to 1b full_model")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "streamed_align.json")
+    parser.add_argument("--render", action="store_true", help="only render --output's Markdown from its JSON")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # this checkout's lmc, not an installed one
     results = json.loads(args.output.read_text()) if args.output.exists() else {}
+    if args.render:
+        write_results(results, args.output)
+        return
     for shape in args.shapes:
         workdir = args.workdir / shape
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
         try:
-            start = time.perf_counter()
+            where, start = machine(), time.perf_counter()  # the load before this shape's own work
             source, target, model_bytes = write_pair(shape, workdir, independent=False)
             row = {"model_bytes": model_bytes, "write_seconds": time.perf_counter() - start, "threads": args.threads}
+            row["machine"] = where
             print(shape, "written", row, flush=True)
             row["floor"] = in_subprocess(args.threads, "measure_floor", str(source), str(target))
             print(shape, "floor", row["floor"], flush=True)
@@ -228,7 +382,7 @@ def main() -> None:
                     row["full_model"] = {"timed_out_after": args.full_model_timeout}
                 print(shape, "full_model", row["full_model"], flush=True)
             results[shape] = row
-            args.output.write_text(json.dumps(results, indent=2) + "\n")
+            write_results(results, args.output)
         finally:
             if not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)

@@ -36,3 +36,11 @@ def config_file(path: str | Path) -> Path:
         f"config {path} does not exist (relative paths are read from the working folder {Path.cwd()}, "
         f"and configs/... also from lmc's packaged configs in {root()})"
     )
+
+
+def spelled(path: str | Path) -> str:
+    """How a report names a config: ``configs/<group>/<name>.yaml`` for a packaged one, else as given."""
+    path = Path(path)
+    if path.is_absolute() and path.resolve().is_relative_to(root().resolve()):
+        return str(PREFIX / path.resolve().relative_to(root().resolve()))
+    return str(path)

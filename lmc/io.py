@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -84,6 +85,19 @@ def overlapping_input(output: str | Path, inputs: Sequence[str | Path]) -> Path 
     return None
 
 
+def _give_new_file_modes(folder: Path) -> None:
+    """Every file under ``folder`` gets the mode any new file gets here (``0o666`` less the umask):
+    some writers set their own (safetensors writes ``0o600``)."""
+    probe = folder / f".mode.{secrets.token_hex(6)}"
+    handle = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    mode = os.fstat(handle).st_mode & 0o777
+    os.close(handle)
+    probe.unlink()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 @contextlib.contextmanager
 def atomic_output_folder(folder: str | Path, inputs: Sequence[str | Path] = ()) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``folder``; when the block ends, it becomes ``folder``.
@@ -110,6 +124,7 @@ def atomic_output_folder(folder: str | Path, inputs: Sequence[str | Path] = ()) 
         raise WriteError(f"cannot write {folder}: {reason}") from error
     try:
         yield temporary
+        _give_new_file_modes(temporary)
         if folder.exists():
             retired = folder.with_name(f".{folder.name}.{secrets.token_hex(6)}.old")
             folder.replace(retired)
@@ -123,3 +138,48 @@ def atomic_output_folder(folder: str | Path, inputs: Sequence[str | Path] = ()) 
             reason = unwritable_reason(folder.parent) or error.strerror or str(error)
             raise WriteError(f"cannot write {folder}: {reason}") from error
         raise
+
+
+class FolderInUseError(OSError):
+    """Another process holds the lock of a folder lmc writes into (:func:`folder_lock`)."""
+
+
+#: The lock file :func:`folder_lock` takes inside its folder.
+LOCK_FILE = ".lmc.lock"
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path, what: str) -> Iterator[Path]:
+    """Hold ``folder``'s lock for the block: a second process that asks for it is refused, not queued.
+
+    The lock is an ``flock`` on ``folder/.lmc.lock``: the kernel releases it when its holder
+    exits, killed or not, so a lock is never left behind. The file records the holder's pid.
+
+    Args:
+        folder: The folder (created if needed).
+        what: What holds it, for the message (``"lmc run"``).
+
+    Raises:
+        FolderInUseError: Another process holds it (naming the process).
+    """
+    folder = Path(folder)
+    check_output_folder(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_FILE, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise FolderInUseError(
+                f"{folder} is in use by another {what} (process {holder}): wait for it to finish, or give this one "
+                "another folder"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield folder
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,11 +1,16 @@
 """Tables from the study's per-pair JSON records (``benchmarks/matcher_quality/pairs.py``): markdown on stdout.
 
 Usage: python -m benchmarks.matcher_quality.report benchmarks/matcher_quality/results
+
+The folder also holds other scripts' records (``checks.json``, ``path_<pe>.json``,
+``learned_alignment.json`` of ``data_aware.py``): the pair tables read the files named
+``<pe>_<i>_<j>.json`` only, in the order of their pairs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -195,10 +200,27 @@ def visible_table(records: list[dict]) -> list[str]:
     return lines
 
 
+def pair_records(folder: Path, pe: str) -> list[dict]:
+    """The per-pair records ``<pe>_<i>_<j>.json`` of ``pairs.py`` in ``folder``, sorted by pair.
+
+    Other JSON files whose names start with ``<pe>_`` (``learned_alignment.json``) are not pairs.
+    """
+    pattern = re.compile(rf"{re.escape(pe)}_(\d+)_(\d+)\.json")
+    found = {}
+    for path in folder.glob(f"{pe}_*.json"):
+        match = pattern.fullmatch(path.name)
+        if match:
+            found[int(match[1]), int(match[2])] = path
+    return [json.loads(found[pair].read_text()) for pair in sorted(found)]
+
+
 def main() -> None:
+    """Print every table of the study's records in the folder named on the command line."""
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/matcher_quality/results")
+    if not folder.is_dir():
+        raise SystemExit(f"{folder} is not a folder of pairs.py records")
     for pe in ("learned", "rope"):
-        records = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{pe}_*.json"))]
+        records = pair_records(folder, pe)
         if not records:
             continue
         print(f"\n## {pe}: {len(records)} pairs\n")

@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     except _user_errors() as error:
         if os.environ.get("LMC_DEBUG"):
             raise
-        message = str(error).strip() or type(error).__name__
+        from lmc.cli.parsing import one_line
+
+        message = one_line(str(error)) or type(error).__name__
         print(f"lmc: error: {message} (LMC_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -9,6 +9,7 @@ from lmc.cli.inputs import (
     check_outputs,
     external_pair,
     refuse_data_aware_external,
+    remove_other_merges,
     required,
     trained_scope,
 )
@@ -78,6 +79,7 @@ def align(
     target_module, target_hyperparameters = load_trained(target)
     require_same_model({source: hyperparameters, target: target_hyperparameters})
     scope = scope or trained_scope(hyperparameters)
+    options = options.for_scope(scope)
     calibration = None
     if options.data_aware:
         data = required(data, "--data FILE_OR_CLASS (the training data that calibrates data-aware options)")
@@ -96,6 +98,7 @@ def align(
         merged = {name: interpolate(target_weights[name], value, alpha) for name, value in aligned_weights.items()}
         save_trained(merged, hyperparameters, path)
         print(f"merged (1 - {alpha:g}) * target + {alpha:g} * aligned source: wrote {path}")
+    remove_other_merges(output, outputs[2:])
 
 
 def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None) -> bool:
@@ -193,3 +196,4 @@ def _align_external(
             "alignment": report.to_dict(),
         },
     )
+    remove_other_merges(output, outputs[2:])

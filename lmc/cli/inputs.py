@@ -81,3 +81,18 @@ def data_module(path: Path) -> LMCDataModule:
             f"--data {path}: not a DataModule config ({first}); lmc checkpoints evaluate on a DataModule "
             "(configs/data/*.yaml or a class path such as lmc.data.Digits)"
         ) from error
+
+
+def remove_other_merges(output: Path, merges: list[Path]) -> list[Path]:
+    """Remove the merges of an earlier ``lmc align`` in ``output`` that this one did not write (an
+    ``--overwrite`` with other alphas would leave them beside the new aligned model, unmarked).
+
+    Called once the new outputs are in place; returns what was removed.
+    """
+    import shutil
+
+    kept = {path.name for path in merges}
+    removed = [path for path in sorted(output.glob("merged_*")) if path.name not in kept]
+    for path in removed:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return removed

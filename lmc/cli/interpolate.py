@@ -83,6 +83,7 @@ def interpolate(
         require_same_model({a: hyperparameters, b: reference_hyperparameters})
         module.require_data(data)
         scope = scope or trained_scope(hyperparameters)
+        options = options.for_scope(scope)
         split = data_options.split
         loader = DataLoader(data.split(split), batch_size=data_options.batch_size or data.batch_size)
         architecture = {k: hyperparameters.get(k) for k in ("model", "model_config")}

@@ -73,3 +73,17 @@ def check_config_files(argv: list[str]) -> None:
                 line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
                 problem = getattr(error, "problem", None) or error
                 raise ValueError(f"{value}: YAML syntax error{line}: {problem}") from error
+
+
+def one_line(message: str) -> str:
+    """A user error's message on one line, its reason first.
+
+    jsonargparse explains a value of a ``X | None`` type by every subtype it tried: keep the
+    reasons of the subtypes the value was meant for, not ``Expected a <class 'NoneType'>`` or the
+    repeated value.
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if lines and lines[0].startswith("Does not validate against any of the Union subtypes"):
+        reasons = [line[2:] for line in lines if line.startswith("- ") and "NoneType" not in line]
+        lines = reasons or lines
+    return " ".join(lines)

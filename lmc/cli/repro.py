@@ -6,9 +6,11 @@ from pathlib import Path
 
 
 def repro(
-    study: list[Path] = [Path("configs/study/repro.yaml")],
+    study: Path | list[Path] = [Path("configs/study/repro.yaml")],
     quick: bool = False,
     jobs: int = 2,
+    output_dir: Path | None = None,
+    report: Path | None = None,
 ) -> None:
     """The paper's study at small scale: every family and strategy, Table 1, then docs/results.md.
 
@@ -16,11 +18,21 @@ def repro(
     with one thread, so the numbers do not depend on --jobs.
 
     Args:
-        study: Study configs, later ones overriding earlier ones (configs/study/*.yaml).
+        study: A study config, or a list of them, later ones overriding earlier ones
+            (configs/study/*.yaml; configs/... is read from the working folder, else from lmc's own).
         quick: The same pipeline in its tiny form (configs/study/quick.yaml: a few steps, 2 seeds;
             its numbers mean nothing; it writes runs/repro_quick/results.md, not docs/results.md).
         jobs: Runs at a time (one CPU thread each).
+        output_dir: The run folders' root instead of the study's (runs/repro; runs/repro_quick with --quick).
+        report: The Markdown report instead of the study's (docs/results.md; runs/repro_quick/results.md
+            with --quick); its figures go into a folder of the same name without .md.
     """
     from lmc.experiments.study import repro as run_study
 
-    run_study([*study, *([Path("configs/study/quick.yaml")] if quick else [])], jobs=jobs)
+    studies = [study] if isinstance(study, Path) else list(study)
+    overrides = {"output_dir": output_dir, "report": report}
+    run_study(
+        [*studies, *([Path("configs/study/quick.yaml")] if quick else [])],
+        jobs=jobs,
+        overrides={name: str(value) for name, value in overrides.items() if value is not None},
+    )

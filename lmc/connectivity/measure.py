@@ -8,10 +8,12 @@ so that finished points are reused only by the very same sweep; results record t
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import itertools
 import json
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -116,6 +118,82 @@ def data_identity(datamodule: object) -> dict[str, Any]:
 CALIBRATION_SPLIT = "train"
 """Where data-aware alignment reads its calibration batches: the training split, never a curve split."""
 
+LEAK_FRACTION = 0.1
+"""Share of the calibration's samples found among the evaluated ones from which a sweep is refused.
+
+A calibration drawn from the curve split has all its samples there (or the share the curves
+measure, when they measure the first samples only); one drawn from the training split has none,
+but for the samples a data set holds in two splits by accident (none in the embedded digits),
+which only warn.
+"""
+
+
+def sample_keys(batch: Mapping[str, Any]) -> list[bytes]:
+    """A digest of each sample of an lmc batch: the bytes of its ``inputs``, the same in any batch.
+
+    Where the batch has an ``attention_mask``, only the sample's real tokens enter (its padding
+    depends on the batch it was collated in); floating inputs enter as float64 and integer ones as
+    int64, so neither the batch's dtype nor its device changes a key.
+    """
+    inputs, mask = batch["inputs"].detach().cpu(), batch.get("attention_mask")
+    mask = None if mask is None else mask.detach().cpu()
+    keys = []
+    for i, sample in enumerate(inputs):
+        if mask is not None:
+            sample = sample[mask[i] != 0]
+        sample = (sample.double() if sample.is_floating_point() else sample.long()).contiguous()
+        digest = hashlib.blake2b(str(tuple(sample.shape)).encode(), digest_size=16)
+        digest.update(sample.numpy().tobytes())
+        keys.append(digest.digest())
+    return keys
+
+
+def calibration_overlap(calibration: Calibration, evaluation: Evaluation, device: torch.device) -> int:
+    """How many of the calibration's samples are among the samples the curves are measured on.
+
+    Compares the samples themselves (:func:`sample_keys`), not the splits' names: validation
+    batches labelled ``"train"`` are found. One pass over this process's evaluation batches;
+    the count is summed over processes (``evaluation.all_reduce``, a tensor on ``device``), so
+    every process reaches the same verdict.
+    """
+    ours: dict[bytes, int] = {}
+    for batch in calibration.batches:
+        for key in sample_keys(batch):
+            ours[key] = ours.get(key, 0) + 1
+    found: set[bytes] = set()
+    for batch in evaluation.batches:
+        found.update(key for key in sample_keys(batch) if key in ours)
+    count = sum(ours[key] for key in found)
+    if evaluation.all_reduce is not None:
+        count = int(evaluation.all_reduce(torch.tensor([float(count)], dtype=torch.float64, device=device))[0])
+    return count
+
+
+def refuse_calibration_leak(calibration: Calibration, evaluation: Evaluation, device: torch.device) -> None:
+    """Raise ``ValueError`` if the calibration comes from the data the curves are measured on.
+
+    Refused: a calibration labelled with the curves' split, or one with :data:`LEAK_FRACTION` or
+    more of its samples among the evaluated samples, whatever its label (a smaller share warns).
+    """
+    if calibration.split == evaluation.split:
+        raise ValueError(
+            f"the calibration batches come from the {calibration.split!r} split the curves are measured on: "
+            f"calibrate on the training split ({CALIBRATION_SPLIT!r})"
+        )
+    total = sum(len(batch["inputs"]) for batch in calibration.batches)
+    leaked = calibration_overlap(calibration, evaluation, device)
+    where = (
+        f"{leaked} of the {total} calibration samples (labelled {calibration.split!r}) are among the "
+        f"{evaluation.split!r} samples the curves are measured on"
+    )
+    if leaked >= LEAK_FRACTION * total:
+        raise ValueError(
+            f"{where}: calibrate on the training split ({CALIBRATION_SPLIT!r}), e.g. with "
+            "lmc.connectivity.training_calibration"
+        )
+    if leaked:
+        warnings.warn(f"{where}: samples the data set holds in both splits?", stacklevel=3)
+
 
 def training_calibration(
     datamodule: Any,
@@ -199,7 +277,8 @@ def measure_connectivity(
         evaluation: How every point is evaluated.
         hooks: Where finished points persist, and the coordination between processes.
         calibration: The batches data-aware options read (:func:`training_calibration`); never
-            from the split the curves are measured on.
+            from the data the curves are measured on (:func:`refuse_calibration_leak` compares the
+            samples, not only the splits' names).
         alignment: ``align(reference, model, scope, options, calibration)``'s result when the caller
             already has it (to use the aligned model elsewhere too): used instead of aligning again.
 
@@ -207,12 +286,12 @@ def measure_connectivity(
         ``{"model_fingerprint", "reference_fingerprint", "settings", "key", "curves": {curve:
         {"points": [...], <barriers>}}, "barrier_ratio": {...}, "alignment": {...}}``; ``key``
         identifies the sweep (weights and settings).
+
+    Raises:
+        ValueError: The calibration of data-aware options comes from the evaluated data.
     """
-    if calibration is not None and calibration.split == evaluation.split:
-        raise ValueError(
-            f"the calibration batches come from the {calibration.split!r} split the curves are measured on: "
-            f"calibrate on the training split ({CALIBRATION_SPLIT!r})"
-        )
+    if calibration is not None:
+        refuse_calibration_leak(calibration, evaluation, next(model.parameters()).device)
     settings = sweep_settings(scope, options, alphas, evaluation, calibration)
     if alignment is None:
         alignment = align(reference, model, scope, options=options, calibration=calibration)

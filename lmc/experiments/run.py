@@ -35,7 +35,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lmc.adapters import model_spec
-from lmc.checkpoints import load_weights
+from lmc.checkpoints import load_weights, read_checkpoint
 from lmc.connectivity import (
     Evaluation,
     ResultsOutput,
@@ -55,7 +55,7 @@ from lmc.experiments.summary import (
     write_summary,
 )
 from lmc.experiments.table1 import HEAD_ORDERS, head_orders, summarize_head_orders, sweep_head_orders
-from lmc.io import atomic_write, atomic_write_json
+from lmc.io import atomic_write, atomic_write_json, folder_lock
 from lmc.matching import AlignOptions, align
 from lmc.training.cli import instantiate_data
 from lmc.training.module import LMCModule, load_trained
@@ -276,13 +276,51 @@ class Experiment:
             )
         return results
 
+    def _check_pretrained(self, path: Path) -> None:
+        """Refuse a pre-trained checkpoint of another model: the same shapes can hold another function
+        (a rotary layout, a positional encoding), which a fine-tuning would silently start from."""
+        if not path.is_file():
+            raise RunError(f"protocol.pretrained {path} does not exist: train it or drop the setting")
+        if path.suffix == ".safetensors":
+            return  # weights only: nothing to compare
+        hyperparameters = read_checkpoint(path).get("hyper_parameters")
+        if not isinstance(hyperparameters, dict) or "model" not in hyperparameters:
+            return
+        expected = {"model": self.config.model.model, "model_config": self.config.model.model_config}
+        found = {name: hyperparameters.get(name) for name in expected}
+        differing = [name for name in expected if _key(found[name]) != _key(expected[name])]
+        if differing:
+            details = "; ".join(f"{name} {found[name]!r} there, {expected[name]!r} here" for name in differing)
+            raise RunError(
+                f"protocol.pretrained {path} is another model than this experiment's ({details}): pre-train with "
+                "this experiment's model, or give its config"
+            )
+
+    def _check_head_orders(self) -> None:
+        """``protocol.head_orders`` scores every head order: refuse a layer with too many before any training."""
+        if self.protocol.head_orders:
+            module = LMCModule(self.config.model.model, self.config.model.model_config, self.data_info())
+            head_orders(model_spec(module.model).attention[0])
+
+    def data_info(self):
+        """What the experiment's data tells its model (``DataInfo``)."""
+        return instantiate_data(self.config).info
+
     def run(self) -> dict[str, Any]:
-        """Every stage, every pair, the summary; returns the summary."""
+        """Every stage, every pair, the summary, holding the run folder's lock; returns the summary.
+
+        Raises:
+            FolderInUseError: Another ``lmc run`` is writing into the same folder.
+        """
+        self._check_head_orders()
+        with folder_lock(self.root, "lmc run"):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         protocol = self.protocol
         if protocol.pretrained is not None:
             pretrained = Path(protocol.pretrained)
-            if not pretrained.is_file():
-                raise RunError(f"protocol.pretrained {pretrained} does not exist: train it or drop the setting")
+            self._check_pretrained(pretrained)
             upstream = _key(str(pretrained.resolve()), pretrained.stat().st_size, pretrained.stat().st_mtime_ns)
         else:
             stage = self.pretrain_stage()

@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import os
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from lmc.configs import config_file
 from lmc.experiments.protocol import Protocol, Schedule, alignment_labels, experiment_cli
 from lmc.experiments.study_report import FIRST_LAYER_INPUTS, MACHINE, write_report
-from lmc.io import atomic_write_json
+from lmc.io import atomic_write_json, folder_lock
 from lmc.matching import AlignOptions
 from lmc.symmetry import SCOPES, Scope, check_scope
 
@@ -349,43 +350,65 @@ def machine() -> dict[str, Any]:
     }
 
 
+def die_with_parent(parent: int, poll_seconds: float = 0.5) -> None:
+    """End this worker process when ``parent`` is gone (killed with ``kill -9``, say), instead of
+    running on as an orphan that writes into run folders a rerun is using."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
 def run_study(study: Study, jobs: int = 2) -> dict[str, float]:
     """Run every task of :func:`schedule` (``jobs`` at a time, one thread each); returns each
     task's wall time in seconds, also written to ``<output_dir>/times.json``, and records the
     :func:`machine` in ``<output_dir>/machine.json``."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
-    Path(study.output_dir).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(study.output_dir) / MACHINE, machine())
-    waiting, running, times = schedule(study), {}, {}
-    pretrained: set[str] = set()
-    context = get_context("spawn")  # a fresh interpreter: no state shared with the parent
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        while waiting or running:
-            ready = [task for task in waiting if task.strategy is None or task.family.name in pretrained]
-            for task in ready[: jobs - len(running)]:
-                waiting.remove(task)
-                running[pool.submit(_run_logged, study, task)] = task
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                task = running.pop(future)
-                try:
-                    times[task.name] = future.result()
-                except SystemExit as error:  # a config the task's parser refused: its message is in the log
-                    lines = task.log(study).read_text().strip().splitlines() or ["(empty log)"]
-                    raise ValueError(
-                        f"{task.name} stopped with status {error.code}: {lines[-1].strip()} (log: {task.log(study)})"
-                    ) from None
-                if task.strategy is None:
-                    pretrained.add(task.family.name)
-                print(f"{task.name}: done in {times[task.name]:.0f} s (log: {task.log(study)})")
-    atomic_write_json(Path(study.output_dir) / "times.json", times)
+    with folder_lock(study.output_dir, "lmc repro"):  # two studies never write one folder at once
+        atomic_write_json(Path(study.output_dir) / MACHINE, machine())
+        waiting, running, times = schedule(study), {}, {}
+        pretrained: set[str] = set()
+        context = get_context("spawn")  # a fresh interpreter: no state shared with the parent
+        workers = ProcessPoolExecutor(jobs, context, initializer=die_with_parent, initargs=(os.getpid(),))
+        with workers as pool:
+            while waiting or running:
+                ready = [task for task in waiting if task.strategy is None or task.family.name in pretrained]
+                for task in ready[: jobs - len(running)]:
+                    waiting.remove(task)
+                    running[pool.submit(_run_logged, study, task)] = task
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    task = running.pop(future)
+                    try:
+                        times[task.name] = future.result()
+                    except SystemExit as error:  # a config the task's parser refused: its message is in the log
+                        log = task.log(study)
+                        lines = log.read_text().strip().splitlines() or ["(empty log)"]
+                        raise ValueError(
+                            f"{task.name} stopped with status {error.code}: {lines[-1].strip()} (log: {log})"
+                        ) from None
+                    if task.strategy is None:
+                        pretrained.add(task.family.name)
+                    print(f"{task.name}: done in {times[task.name]:.0f} s (log: {task.log(study)})")
+        atomic_write_json(Path(study.output_dir) / "times.json", times)
     return times
 
 
-def repro(paths: list[str | Path], jobs: int = 2) -> dict[str, Any]:
-    """Run a study and write its report; returns the report's data."""
+def repro(paths: list[str | Path], jobs: int = 2, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run a study and write its report; returns the report's data.
+
+    Args:
+        paths: Study configs, later ones overriding earlier ones.
+        jobs: Runs at a time.
+        overrides: :class:`Study` fields set over the configs' (``output_dir``, ``report``).
+    """
     study = load_study(paths)
+    if overrides:
+        study = dataclasses.replace(study, **overrides)
     start = time.perf_counter()
     times = run_study(study, jobs)
     data = write_report(study, [str(path) for path in paths])

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lmc.configs import spelled
 from lmc.experiments.spread import cell
 from lmc.experiments.summary import ROBUSTNESS, robustness_table
 from lmc.experiments.table1 import appendix_k_section, table1_section
@@ -337,7 +338,7 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
         "# Results: the paper's study at small scale",
         "",
         f"Written by `lmc repro` from the runs in `{study.output_dir}` (study: "
-        + ", ".join(f"`{source}`" for source in sources)
+        + ", ".join(f"`{spelled(source)}`" for source in sources)
         + "); regenerate it by running its study again (`lmc repro --study`; `make repro` runs "
         "`configs/study/repro.yaml`) rather than editing it. Every cell is the mean ± standard "
         "deviation over pairs of fine-tuned seeds; `curves on` names the split and the samples every "
@@ -352,7 +353,7 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
     for family in study.families:
         runs = summaries.get(family.name, {})
         done = ", ".join(runs) or "none"
-        configs = " + ".join(f"`{path}`" for path in (family.experiment, *family.configs))
+        configs = " + ".join(f"`{spelled(path)}`" for path in (family.experiment, *family.configs))
         lines.append(f"| {family.title} | {configs} | {done} | {_curve_samples(runs)} |")
     table1_runs = list(_table1_runs(study, summaries))
     lines += [

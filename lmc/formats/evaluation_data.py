@@ -7,8 +7,9 @@
 - sequence classifiers: a table with a text and a label column (integers, or names from the
   config's ``label2id``); texts truncated to ``sequence_length`` tokens;
 - timm image models: an image folder with one subfolder per class (torchvision
-  ``ImageFolder``; classes sorted by name are labels 0, 1, ...), resized and normalized with
-  the model's timm data config.
+  ``ImageFolder``): one folder per class of the model, whose sorted names are labels 0, 1, ...,
+  or folders named by class index (``3/``, ``7/``) for a subset of the classes; resized and
+  normalized with the model's timm data config.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from lmc.data.base import TensorDictDataset, TokenWindows
 from lmc.tasks import CurveSplit, Task, check_curve_split
 
 TABLE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+#: Tokens per sequence of the user's text unless the model covers fewer positions or --sequence_length says.
+DEFAULT_SEQUENCE_LENGTH = 128
 #: HF ``DatasetDict`` split names tried for each curve split.
 DATASET_SPLITS = {"val": ("validation", "val", "valid", "dev"), "test": ("test",)}
 
@@ -50,8 +53,9 @@ class EvaluationDataOptions:
     label_column: str = "label"
     """The label column of the user's tables (sequence classifiers)."""
 
-    sequence_length: int = 128
-    """Tokens per sequence of the user's text (windows for causal LMs, the longest text for classifiers)."""
+    sequence_length: int | None = None
+    """Tokens per sequence of the user's text (windows for causal LMs, the longest text for classifiers);
+    default 128, or the model's positions if it has fewer."""
 
     def __post_init__(self) -> None:
         check_curve_split(self.split)
@@ -184,13 +188,26 @@ def evaluation_data(
     split, text_column, label_column = options.split, options.text_column, options.label_column
     sequence_length = options.sequence_length
     task = model_task(model)
+    if split != "val" and not path.is_dir():
+        raise ValueError(
+            f"{path} is one file, not a data set with splits: --split {split} applies to a DataModule or a "
+            "save_to_disk DatasetDict folder; leave --split at its default for a file"
+        )
     identity = {"path": str(path.resolve()), "task": task, **_stamp(path)}
     if task == "image_classification":
         return EvaluationData(_image_folder(path, model), task, identity)
+    positions = _positions(model.config)
+    if sequence_length is None:
+        sequence_length = DEFAULT_SEQUENCE_LENGTH if positions is None else min(DEFAULT_SEQUENCE_LENGTH, positions)
+    if positions is not None and sequence_length > positions:
+        raise ValueError(
+            f"--sequence_length {sequence_length} is longer than the {positions} positions of {type(model).__name__}: "
+            f"choose at most {positions}"
+        )
     tokenizer = _tokenizer(tokenizer_folder)
     identity.update(text_column=text_column, sequence_length=sequence_length)
     if task == "causal_lm":
-        texts = [path.read_text()] if path.suffix == ".txt" else read_columns(path, [text_column], split)[text_column]
+        texts = [_text(path)] if path.suffix == ".txt" else read_columns(path, [text_column], split)[text_column]
         tokens = _token_stream(tokenizer, [str(t) for t in texts], model.config.vocab_size)
         if len(tokens) < sequence_length + 1:
             raise ValueError(
@@ -207,9 +224,43 @@ def evaluation_data(
     return EvaluationData(TensorDictDataset(inputs=ids, attention_mask=mask, labels=labels), task, identity)
 
 
+#: The files that hold a tokenizer's vocabulary: without one, AutoTokenizer may build one that maps every word to
+#: its unknown token.
+VOCABULARY_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+
+
+def _positions(config) -> int | None:
+    """The positions a text model covers (GPT-2's ``n_positions``, the others' ``max_position_embeddings``)."""
+    for name in ("n_positions", "max_position_embeddings"):
+        if isinstance(getattr(config, name, None), int):
+            return getattr(config, name)
+    return None
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): save it as UTF-8"
+        ) from error
+
+
 def _tokenizer(folder: str | Path | None):
     from transformers import AutoTokenizer
 
+    if folder is None or not any((Path(folder) / name).is_file() for name in VOCABULARY_FILES):
+        raise ValueError(
+            f"{folder} has no tokenizer files ({', '.join(VOCABULARY_FILES)}): text data is read with the model "
+            "directory's own tokenizer; save it beside the model (tokenizer.save_pretrained(folder))"
+        )
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as error:
@@ -251,6 +302,12 @@ def _padded(tokenizer, texts: list[str], length: int, vocab_size: int) -> tuple[
 
 def _labels(values: list, config, path: Path) -> torch.Tensor:
     names = getattr(config, "label2id", None) or {}
+    fractional = [v for v in values if isinstance(v, float) and not v.is_integer()]
+    if fractional:
+        raise ValueError(
+            f"{path}: label {fractional[0]} is not a class index (labels are integers, or the model's label names "
+            f"{sorted(names)})"
+        )
     try:
         labels = torch.tensor([names[v] if isinstance(v, str) else int(v) for v in values], dtype=torch.long)
     except (KeyError, TypeError, ValueError) as error:
@@ -283,9 +340,18 @@ def _image_folder(path: Path, model: nn.Module) -> Dataset:
         folder = ImageFolder(str(path), transform=transform, loader=load)
     except (FileNotFoundError, OSError) as error:
         raise ValueError(f"{path}: {error}; put the images in one subfolder per class") from error
-    if len(folder.classes) > model.num_classes:
+    if all(name.isdigit() for name in folder.classes):  # folders named by class index: any subset of the classes
+        indices = [int(name) for name in folder.classes]
+        if max(indices) >= model.num_classes:
+            raise ValueError(
+                f"{path}: class folder {max(indices)} is not one of the model's {model.num_classes} classes"
+            )
+        folder.target_transform = indices.__getitem__
+    elif len(folder.classes) != model.num_classes:
         raise ValueError(
-            f"{path} has {len(folder.classes)} class folders, but the model has {model.num_classes} classes"
+            f"{path} has {len(folder.classes)} class folders, but the model has {model.num_classes} classes: "
+            "labels are the folders' places in sorted order, so give one folder per class of the model, or name "
+            "each folder by its class index (0, 1, ...)"
         )
     return _ImageSamples(folder)
 

@@ -155,6 +155,11 @@ def require_same_architecture(source: ExternalModel, target: ExternalModel) -> N
             f"{source.path} is {FORMAT_NAMES[source.format]} but {target.path} is {FORMAT_NAMES[target.format]}: "
             "give two checkpoints of the same model"
         )
+    if type(source.model) is not type(target.model):
+        raise CheckpointError(
+            f"the checkpoints are of different architectures: {source.path} holds a {type(source.model).__name__}, "
+            f"{target.path} a {type(target.model).__name__}; give two checkpoints of the same architecture"
+        )
     mine, theirs = source.architecture(), target.architecture()
     for name in sorted(mine.keys() | theirs.keys()):
         if mine.get(name) != theirs.get(name):

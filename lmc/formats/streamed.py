@@ -46,6 +46,7 @@ from lmc.matching.checks import (
     attention_probe_error,
     check_dtype,
     check_finite,
+    check_head_orders,
     check_probe,
     check_same_attention,
     check_same_tensors,
@@ -162,6 +163,7 @@ def _solve(
     """The scope's group element, layer by layer, each layer pair read on its own; recorded in ``report``."""
     options = report.options
     attention, feed_forward, _ = scope_blocks(spec, report.scope)
+    check_head_orders(options.head_orders, attention, report.scope)
 
     def read(names: Iterable[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         tensors = {name: source[name] for name in names}, {name: target[name] for name in names}

@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from lmc.adapters import adapter_for
-from lmc.checkpoints import CheckpointError, load_weights
+from lmc.checkpoints import CheckpointError, load_weights, read_checkpoint
 from lmc.formats.huggingface import file_dtype
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
@@ -68,6 +68,11 @@ def load_model(path: str | Path, model_name: str | None = None, model_args: dict
     else:
         if path.is_dir():
             raise CheckpointError(f"--timm_model takes a state-dict file, but {path} is a folder")
+        if path.suffix != ".safetensors" and "hyper_parameters" in read_checkpoint(path):
+            raise CheckpointError(
+                f"{path} is an lmc checkpoint (written by lmc fit, lmc run or lmc align): it names its own model, "
+                "so drop --timm_model"
+            )
         model = create_model(model_name, dict(model_args or {}), path)
         weights = path
     return load_weights(model.to(file_dtype(weights)), weights).eval()

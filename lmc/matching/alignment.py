@@ -22,7 +22,7 @@ from torch import nn
 from lmc.adapters import scope_parameters
 from lmc.matching.aligner import Aligner, coordinate_descent
 from lmc.matching.calibration import Calibration
-from lmc.matching.checks import check_pair, check_probe, probe_error
+from lmc.matching.checks import check_head_orders, check_pair, check_probe, probe_error
 from lmc.matching.layers import align_feed_forward_layer, axes_distance
 from lmc.matching.options import AlignOptions, checked_options
 from lmc.matching.results import AlignmentReport
@@ -81,8 +81,9 @@ def align(
         report.calibration = calibration.identity() | {"batches": len(calibration.batches)}
     aligner = Aligner(source, target, spec, report, calibration if options.data_aware else None)
 
+    attention, feed_forward, whole = scope_blocks(spec, scope)
+    check_head_orders(options.head_orders, attention, scope)
     if options.method != "naive":
-        attention, feed_forward, whole = scope_blocks(spec, scope)
         start = time.perf_counter()
         aligner.capture(attention)
         report.calibration_seconds = time.perf_counter() - start

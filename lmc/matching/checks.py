@@ -46,6 +46,7 @@ def check_same_attention(spec: SymmetrySpec, target_spec: SymmetrySpec) -> None:
             raise AlignmentError(f"{layer.name}: source and target attention differ (source, target): {described}")
         if layer.rotary is not None and not (
             torch.equal(layer.rotary.pairs, other.rotary.pairs)
+            and layer.rotary.angles.shape == other.rotary.angles.shape
             and torch.allclose(layer.rotary.angles, other.rotary.angles, atol=1e-6)
         ):
             raise AlignmentError(f"{layer.name}: source and target use different rotary positional encodings")
@@ -154,6 +155,16 @@ def probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: in
     return float((output - reference).double().norm() / reference.double().norm())
 
 
+def check_head_orders(head_orders: dict[int, list[int]] | None, attention: list[int], scope: Scope) -> None:
+    """Refuse head orders for attention layers the scope does not align (they would be ignored, yet recorded)."""
+    unknown = sorted(set(head_orders or {}) - set(attention))
+    if unknown:
+        raise AlignmentError(
+            f"head_orders names attention layer(s) {unknown}, but scope {scope!r} aligns layers {attention}: "
+            "give orders only for those"
+        )
+
+
 def check_probe(error: float, rtol: float, dtype: torch.dtype, default_rtol: bool, what: str) -> None:
     """Raise :class:`AlignmentError` unless the aligned ``what`` keeps the source's outputs to ``rtol``.
 
@@ -220,3 +231,80 @@ def attention_probe_error(
 
     reference = output(source)
     return float((output(aligned) - reference).norm() / reference.norm())
+
+
+# What ``equivalent`` compares besides the weights: the buffers (bitwise) and the settings.
+
+# Settings that do not change the function: bookkeeping, label names, runtime switches, token ids
+# the supported models' forward passes do not read, initialization, dropout (never applied in eval).
+_NOT_FUNCTIONAL = frozenset(
+    (
+        "training name_or_path transformers_version architectures dtype torch_dtype id2label label2id "
+        "finetuning_task problem_type use_cache output_attentions output_hidden_states return_dict "
+        "torchscript tokenizer_class task_specific_params prefix bos_token_id eos_token_id pad_token_id "
+        "sep_token_id decoder_start_token_id padding_idx loss_type kernel_config gradient_checkpointing "
+        "grad_checkpointing fused_attn inplace sparse scale_grad_by_freq "
+    ).split()
+)
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def model_settings(model: nn.Module) -> dict[str, object]:
+    """What defines ``model``'s function besides its tensors, by name.
+
+    ``config.<field>`` for its config (a Hugging Face ``PretrainedConfig``, a dataclass such as
+    ``ReferenceConfig``), and for every module ``<module>: class`` and ``<module>.<attribute>``
+    for its plain attributes (numbers, strings, tuples of them). Bookkeeping, label names, runtime
+    switches and dropout rates are left out.
+    """
+    import dataclasses
+
+    settings: dict[str, object] = {}
+    config = getattr(model, "config", None)
+    if hasattr(config, "to_dict"):
+        fields = config.to_dict()
+    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
+        fields = dataclasses.asdict(config)
+    else:
+        fields = {}
+    settings.update({f"config.{k}": v for k, v in fields.items() if _functional(k)})
+    for name, module in model.named_modules():
+        if "drop" in f"{name.rpartition('.')[2]}{type(module).__name__}".lower():
+            continue  # dropout (an Identity where the rate is 0): never applied in eval
+        where = name or "<model>"
+        settings[f"{where}: class"] = f"{type(module).__module__}.{type(module).__qualname__}"
+        for key, value in vars(module).items():
+            plain = isinstance(value, _PLAIN) or (
+                isinstance(value, tuple | list) and all(isinstance(v, _PLAIN) for v in value)
+            )
+            if plain and _functional(key):
+                settings[f"{where}.{key}"] = value
+    return settings
+
+
+def _functional(name: str) -> bool:
+    return not name.startswith(("_", "init")) and "drop" not in name and name not in _NOT_FUNCTIONAL
+
+
+def _same(x: object, y: object) -> bool:
+    return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+
+
+def setting_differences(a: nn.Module, b: nn.Module) -> dict[str, tuple[object, object]]:
+    """The settings (:func:`model_settings`) that differ -> ``(a's, b's)``; the config's first."""
+    mine, theirs = model_settings(a), model_settings(b)
+    names = sorted(mine.keys() | theirs.keys(), key=lambda n: (not n.startswith("config."), n))
+    return {n: (mine.get(n), theirs.get(n)) for n in names if not _same(mine.get(n), theirs.get(n))}
+
+
+def buffer_differences(a: nn.Module, b: nn.Module) -> dict[str, int]:
+    """Buffers of ``b`` that ``a`` does not hold bitwise equal -> their differing entries."""
+    mine = dict(a.named_buffers())
+    differing = {}
+    for name, theirs in b.named_buffers():
+        buffer = mine.get(name)
+        if buffer is None or buffer.shape != theirs.shape or buffer.dtype != theirs.dtype:
+            differing[name] = theirs.numel()
+        elif not identical(buffer, theirs):
+            differing[name] = int((buffer != theirs).sum())
+    return differing

@@ -7,6 +7,7 @@ Python API. The attribute docstrings are the command-line help.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -119,6 +120,13 @@ class AlignOptions:
             or self.metric == "activation"
             or self.unit_matching == "activation"
         )
+
+    def for_scope(self, scope: str) -> AlignOptions:
+        """These settings as they act at ``scope``: the attention scopes align no unit, so unit matching
+        there is weight matching and reads no data."""
+        if scope in ("first_attention", "all_attention") and self.unit_matching != "weight":
+            return dataclasses.replace(self, unit_matching="weight")
+        return self
 
     @property
     def data_settings(self) -> str:

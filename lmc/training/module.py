@@ -167,7 +167,13 @@ class LMCModule(L.LightningModule):
     def configure_optimizers(self):
         parameters = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(parameters, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(steps):  # max_epochs -1 with max_steps -1: the cosine schedule has no end
+            raise ValueError(
+                "the learning-rate schedule decays over the whole run, which has no end with trainer.max_epochs -1 "
+                "and trainer.max_steps -1: set trainer.max_epochs or trainer.max_steps"
+            )
+        total = max(1, int(steps))
         warmup = min(self.hparams.warmup_steps, total - 1)
 
         def schedule(step: int) -> float:
@@ -213,7 +219,7 @@ def load_trained(path: str | Path) -> tuple[LMCModule, dict[str, Any]]:
     if not isinstance(hyperparameters, dict) or "model" not in hyperparameters:
         raise CheckpointError(
             f"{path} holds weights without their model's configuration: pass a checkpoint written by lmc fit, "
-            "lmc run or lmc align"
+            "lmc run or lmc align, or for a timm state dict add --timm_model NAME (and --timm_args)"
         )
     data = hyperparameters.get("data")
     module = LMCModule(hyperparameters["model"], hyperparameters.get("model_config"), data and DataInfo(**data))

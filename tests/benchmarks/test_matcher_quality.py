@@ -2,6 +2,9 @@
 
 import dataclasses
 import importlib
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from lmc.models import create_model
 from lmc.training.module import save_trained
 
 MODULES = ("pairs", "checks", "path", "report")
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -55,3 +59,16 @@ def test_load_run_refuses_a_checkpoint_of_the_other_encoding(tmp_path):
 def test_load_run_names_a_missing_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="train the pairs first"):
         load_run(tmp_path, "learned", "seed0")
+
+
+def test_the_readme_command_prints_the_readme_tables_from_the_committed_results():
+    """The README's command, on the committed records: the folder also holds other scripts' records
+    (``learned_alignment.json`` of ``data_aware.py``), which are not pairs and once crashed it."""
+    command = [sys.executable, "-m", "benchmarks.matcher_quality.report", "benchmarks/matcher_quality/results"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    readme = (ROOT / "benchmarks" / "matcher_quality" / "README.md").read_text()
+    heading = "used only for the rank correlations and the refinement path).\n"
+    start = readme.index(heading) + len(heading)
+    end = readme.index("## An independent replicate")
+    assert run.stdout.strip() == readme[start:end].strip()  # the README's tables are this output

@@ -10,9 +10,12 @@ import torch
 
 from lmc.adapters import adapter_for
 from lmc.cli import main
+from lmc.connectivity import training_calibration
+from lmc.data import Digits
 from lmc.training import LMCModule
 from lmc.training.module import load_trained
 from tests.cli import fails
+from tests.path_objective import check_learned_not_above_full, cross_entropy
 from tests.runs import MODEL, data, finetuned, pretrain_and_first_seed, trainer
 
 DIGITS = "--data=lmc.data.Digits"
@@ -179,12 +182,19 @@ def test_learned_align_and_interpolate_never_end_above_full(checkpoints, tmp_pat
     learned = ["--method", "learned", "--learned-steps", "4", "--calibration-batches", "2"]
     assert "--data FILE_OR_CLASS" in fails(["align", source, target, "--output", str(output), *learned], capsys)
     main(["align", source, target, "--output", str(output), *learned, DIGITS])
+    main(["align", source, target, "--output", str(tmp_path / "full"), "--method", "full"])
     report = json.loads((output / "report.json").read_text())
-    # On this tiny trained pair: the calibration loss of the path at alphas 0.25, 0.5, 0.75.
-    assert report["learned"]["objective"]["learned"] <= report["learned"]["objective"]["full"]
     assert report["learned"]["steps"] == 4 and report["calibration"]["num_samples"] == 64
     aligned, _ = load_trained(output / "aligned.ckpt")
     original, _ = load_trained(checkpoints["seed0"])
+    # Never above full: the calibration loss of both written models' paths at alphas 0.25, 0.5, 0.75,
+    # recomputed on the command's calibration batches (float32 models: rounding ~1e-7).
+    calibration = training_calibration(Digits(), cross_entropy, 2)
+    assert json.loads(json.dumps(calibration.identity())).items() <= report["calibration"].items()
+    full, _ = load_trained(tmp_path / "full" / "aligned.ckpt")
+    target_model = load_trained(checkpoints["seed1"])[0].model
+    batches, objective = calibration.batches, report["learned"]["objective"]
+    check_learned_not_above_full(target_model, full.model, aligned.model, batches, cross_entropy, objective, 1e-5)
     torch.testing.assert_close(_outputs(aligned.model), _outputs(original.model), rtol=1e-4, atol=1e-5)
     sweep = tmp_path / "lmc"
     main(["interpolate", target, source, DIGITS, f"--output-dir={sweep}", "--num-alphas", "3", *learned])
@@ -192,3 +202,22 @@ def test_learned_align_and_interpolate_never_end_above_full(checkpoints, tmp_pat
     (result,) = json.loads((sweep / "lmc_results.json").read_text())["references"].values()
     assert result["settings"]["options"]["learned_steps"] == 4
     assert result["alignment"]["learned"]["objective"] == report["learned"]["objective"]
+
+
+def test_overwriting_an_alignment_leaves_none_of_its_old_merges(checkpoints, tmp_path, capsys):
+    source, target, output = str(checkpoints["seed0"]), str(checkpoints["seed1"]), tmp_path / "out"
+    main(["align", source, target, "--output", str(output), "--merge-alpha", "[0.25, 0.5]"])
+    main(["align", source, target, "--output", str(output), "--merge-alpha", "0.75", "--overwrite", "true"])
+    # The old merges used to stay beside the new aligned model and report, unmarked.
+    assert sorted(p.name for p in output.iterdir()) == ["aligned.ckpt", "merged_0.75.ckpt", "report.json"]
+
+
+def test_unit_matching_by_activation_needs_no_data_where_no_unit_is_aligned(checkpoints, tmp_path, capsys):
+    """The checkpoints' scope is first_attention: no FFN unit moves, so --unit-matching activation reads nothing."""
+    source, target, output = str(checkpoints["seed0"]), str(checkpoints["seed1"]), tmp_path / "out"
+    main(["align", source, target, "--output", str(output), "--unit-matching", "activation"])
+    report = json.loads((output / "report.json").read_text())
+    assert report["scope"] == "first_attention" and report["calibration"] is None
+    assert report["options"]["unit_matching"] == "weight"  # what was done, recorded as such
+    error = fails(["align", source, target, "--output", str(tmp_path / "o2"), "--metric", "activation"], capsys)
+    assert "--data" in error  # settings that do read activations there still need the data

@@ -13,6 +13,7 @@ from lmc.cli import main
 from lmc.cli.parsing import underscored
 from lmc.cli.symmetry import run
 from lmc.experiments.protocol import experiment_cli
+from tests.cli import fails
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -115,3 +116,26 @@ def test_a_yaml_syntax_error_names_the_file_and_line(command, tmp_path, capsys):
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"{bad}: YAML syntax error at line 3" in line
+
+
+def test_a_run_without_an_end_is_one_line(tmp_path, monkeypatch, capsys):
+    """max_epochs -1 with max_steps -1 used to end in an OverflowError traceback from the schedule."""
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        "fit",
+        "--config",
+        str(CONFIGS / "experiment" / "digits_vit_ape.yaml"),
+        "--config",
+        str(CONFIGS / "debug" / "fast.yaml"),
+    ]
+    error = fails([*argv, "--trainer.max_epochs", "-1", "--trainer.max_steps", "-1"], capsys)
+    assert "has no end with trainer.max_epochs -1 and trainer.max_steps -1" in error
+
+
+def test_a_bad_value_inside_an_optional_list_is_one_line_with_its_reason(tmp_path, monkeypatch, capsys):
+    """jsonargparse lists every Union subtype it tried; the reason used to come after 'Expected a NoneType'."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--config", str(CONFIGS / "experiment" / "digits_vit_ape.yaml")]
+    error = fails([*argv, "--protocol.alignments", "[{calibration_batches: 0}]"], capsys)
+    assert error.startswith("lmc: error: calibration_batches must be an integer >= 1, got 0")
+    assert "NoneType" not in error and "Given value" not in error

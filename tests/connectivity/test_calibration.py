@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
-from lmc.connectivity import Evaluation, measure_connectivity, sweep_settings, training_calibration
+from lmc.connectivity import Evaluation, data_identity, measure_connectivity, sweep_settings, training_calibration
+from lmc.connectivity.measure import calibration_overlap, refuse_calibration_leak, sample_keys
 from lmc.data import Digits
 from lmc.matching import AlignOptions, Calibration
 from tests.architectures import build
+
+CPU = torch.device("cpu")
 
 
 def _loss(model, batch):
@@ -55,3 +61,61 @@ def test_calibrating_on_the_curve_split_is_refused():
         measure_connectivity(
             model, model, "first_attention", AlignOptions(objective="data"), [0.0], _evaluation(), calibration=leaked
         )
+
+
+def _shuffled(data: Digits, split: str, batches: int) -> list[dict[str, torch.Tensor]]:
+    """Seeded batches of 16 of a split, drawn the way training_calibration draws the training split's."""
+    loader = DataLoader(data.split(split), batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    return list(itertools.islice(loader, batches))
+
+
+def _curves_on(data: Digits, split: str, **kwargs) -> Evaluation:
+    loader = DataLoader(data.split(split), batch_size=64)
+    return Evaluation(lambda batch: {}, loader, split, data_identity(data), {"model": "m"}, **kwargs)
+
+
+def test_batches_of_the_curve_split_labelled_train_are_refused():
+    """The refusal compares the samples, not the splits' names: validation batches called "train" leak."""
+    data = Digits(batch_size=16, part="B")
+    honest = training_calibration(data, _loss, 2)
+    mislabelled = Calibration(_shuffled(data, "val", 2), _loss, "train", 32, honest.data)  # the same identity
+    model = build("ref-vit-learned")
+    for split in ("val", "test"):
+        leaked = Calibration(_shuffled(data, split, 2), _loss, "train", 32, honest.data)
+        message = (
+            rf"32 of the 32 calibration samples \(labelled 'train'\) are among the '{split}' samples the curves "
+            "are measured on: calibrate on the training split"
+        )
+        with pytest.raises(ValueError, match=message):
+            options, curves = AlignOptions(objective="data"), _curves_on(data, split)
+            measure_connectivity(model, model, "first_attention", options, [0.0], curves, calibration=leaked)
+    # Validation batches do not leak into test curves; the training split's leak into neither.
+    assert calibration_overlap(mislabelled, _curves_on(data, "test"), CPU) == 0
+    for split in ("val", "test"):
+        assert calibration_overlap(honest, _curves_on(data, split), CPU) == 0
+        refuse_calibration_leak(honest, _curves_on(data, split), CPU)
+
+
+def test_a_few_shared_samples_warn_and_every_process_counts_its_shard():
+    data = Digits(batch_size=16, part="B")
+    training, validation = _shuffled(data, "train", 1)[0], _shuffled(data, "val", 1)[0]
+    one = {name: torch.cat([training[name][:-1], validation[name][:1]]) for name in training}  # 1 of 16
+    calibration = Calibration([one], _loss, "train", 16)
+    with pytest.warns(UserWarning, match="1 of the 16 calibration samples"):
+        refuse_calibration_leak(calibration, _curves_on(data, "val"), CPU)
+    # Two processes, each finding the sample once in its shard: the verdict sums them.
+    seen = []
+    two = _curves_on(data, "val", all_reduce=lambda count: seen.append(count) or 2 * count)
+    assert calibration_overlap(calibration, two, CPU) == 2 and seen[0].dtype == torch.float64
+
+
+def test_a_sample_has_one_key_whatever_its_padding_dtype_and_batch():
+    tokens = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 1, 2, 3]])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    padded = {"inputs": tokens, "attention_mask": mask}
+    alone = {"inputs": torch.tensor([[5, 6, 7]], dtype=torch.int32), "attention_mask": torch.ones(1, 3)}
+    left = {"inputs": torch.tensor([[0, 5, 6, 7]]), "attention_mask": torch.tensor([[0, 1, 1, 1]])}
+    assert sample_keys(alone)[0] == sample_keys(left)[0] == sample_keys(padded)[0] != sample_keys(padded)[1]
+    images = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert sample_keys({"inputs": images.double()}) == sample_keys({"inputs": images})
+    assert sample_keys({"inputs": images[1:]}) == sample_keys({"inputs": images})[1:]

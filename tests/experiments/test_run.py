@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 import statistics
+from pathlib import Path
 
 import lightning
 import pytest
@@ -24,6 +25,7 @@ from lmc.experiments.spread import spread
 from lmc.experiments.summary import summarize
 from lmc.experiments.table1 import rank_and_l_hat
 from lmc.matching import AlignOptions
+from tests.path_objective import check_learned_not_above_full, cross_entropy, record_alignments
 
 
 def _config(tmp_path, **protocol) -> str:
@@ -347,8 +349,9 @@ def test_run_with_a_data_aware_alignment_records_its_calibration(tmp_path):
     assert "calibration" not in summary["full"]
 
 
-def test_run_with_a_learned_alignment_starts_from_full_and_never_ends_above_it(tmp_path):
+def test_run_with_a_learned_alignment_starts_from_full_and_never_ends_above_it(tmp_path, monkeypatch):
     alignments = [{"method": "full"}, {"method": "learned", "learned_steps": 4, "calibration_batches": 2}]
+    calls = record_alignments(monkeypatch, lmc.experiments.run)
     main(["run", "--config", _config(tmp_path, seeds=2, alignments=alignments)])
     pair = tmp_path / "run" / "pairs" / "0_1"
     (result,) = json.loads((pair / "learned-calibration_batches=2-learned_steps=4" / "lmc_results.json").read_text())[
@@ -356,7 +359,17 @@ def test_run_with_a_learned_alignment_starts_from_full_and_never_ends_above_it(t
     ].values()
     assert result["settings"]["calibration"]["data"]["part"] == "B"
     learned = result["alignment"]["learned"]
-    assert learned["steps"] == 4 and learned["objective"]["learned"] <= learned["objective"]["full"]
+    assert learned["steps"] == 4
+    # Never above full: the calibration loss of the two aligned models' paths (pair 0_1, float32),
+    # recomputed from the models the run aligned, on the batches it calibrated on.
+    (full_call,) = [call for call in calls if call["options"] == AlignOptions(method="full")]
+    (learned_call,) = [call for call in calls if call["options"].method == "learned"]
+    batches = learned_call["calibration"].batches
+    assert len(batches) == 2 and learned_call["report"].learned == learned
+    check_learned_not_above_full(
+        learned_call["target"], full_call["aligned"], learned_call["aligned"], batches, cross_entropy,
+        learned["objective"], 1e-5,
+    )  # fmt: skip
     (full,) = json.loads((pair / "full" / "lmc_results.json").read_text())["references"].values()
     assert "learned_steps" not in full["settings"]["options"] and full["alignment"]["learned"] is None
     # Both share the naive curve; the learned path's end points are full's (the same functions).
@@ -364,3 +377,44 @@ def test_run_with_a_learned_alignment_starts_from_full_and_never_ends_above_it(t
     for end in (0, -1):
         learned_end, full_end = result["curves"]["aligned"]["points"][end], full["curves"]["aligned"]["points"][end]
         assert learned_end["loss"] == pytest.approx(full_end["loss"], rel=1e-5)
+
+
+def test_a_run_folder_is_written_by_one_run_at_a_time(tmp_path, capsys):
+    """Two runs into one folder used to mix their stages; the second is now refused, naming the first."""
+    from lmc.io import folder_lock
+    from tests.cli import fails
+
+    with folder_lock(tmp_path / "run", "lmc run"):  # the lock a first, still running lmc run holds
+        error = fails(["run", "--config", _config(tmp_path)], capsys)
+    assert f"{tmp_path / 'run'} is in use by another lmc run (process " in error
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lmc.lock"]  # nothing trained
+
+
+def test_a_pretrained_checkpoint_of_another_model_is_refused_before_fine_tuning(finished, tmp_path, capsys):
+    """Same shapes, another rotary layout: it used to fine-tune from it without a word."""
+    import torch
+
+    from tests.cli import fails
+
+    other = tmp_path / "interleaved.ckpt"
+    checkpoint = torch.load(finished / "run" / "pretrain" / "final.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["model_config"] = {"pe": "rope", "rope_layout": "interleaved"}
+    torch.save(checkpoint, other)
+    error = fails(["run", "--config", _config(tmp_path), f"--protocol.pretrained={other}"], capsys)
+    assert "is another model than this experiment's (model_config" in error and "interleaved" in error
+    assert not (tmp_path / "run" / "seed0").exists()
+    from lmc.experiments.protocol import experiment_cli
+
+    experiment = lmc.experiments.run.Experiment(experiment_cli(["--config", _config(tmp_path)], run=False))
+    experiment._check_pretrained(finished / "run" / "pretrain" / "final.ckpt")  # its own model passes
+
+
+def test_head_orders_of_a_wide_layer_are_refused_before_any_training(tmp_path, capsys):
+    from tests.cli import fails
+
+    config = yaml.safe_load(Path(_config(tmp_path, head_orders=True)).read_text())
+    config["model"]["model_config"] = {"pe": "rope", "num_heads": 8}
+    path = tmp_path / "wide.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert "use at most 6 heads" in fails(["run", "--config", str(path)], capsys)
+    assert not (tmp_path / "run").exists()

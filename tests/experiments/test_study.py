@@ -164,13 +164,12 @@ def test_family_names_must_be_unique():
 
 
 @pytest.mark.slow
-def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsys):
-    where = tmp_path / "where.yaml"
-    where.write_text(
-        yaml.safe_dump({"study": {"output_dir": str(tmp_path / "runs"), "report": str(tmp_path / "r.md")}})
-    )
-    args = ["repro", "--study", f'["{STUDY}", "{QUICK}", "{where}"]', "--jobs", "2"]
+def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # outside the checkout: the packaged configs, the outputs where asked
+    outputs = ["--output_dir", str(tmp_path / "runs"), "--report", str(tmp_path / "r.md")]
+    args = ["repro", "--study", STUDY, "--quick", "true", "--jobs", "2", *outputs]  # one study file, not a list
     main(args)
+    assert not (tmp_path / "runs" / "repro_quick").exists() and not (tmp_path / "docs").exists()
     report = (tmp_path / "r.md").read_text()
     machine = json.loads((tmp_path / "runs" / "machine.json").read_text())  # where the numbers come from
     assert machine["threads"] == 1 and f" Computed on {machine['processor']} ({machine['kernels']} kernels" in report
@@ -249,3 +248,62 @@ def test_a_study_reads_the_packaged_configs_from_any_working_folder(monkeypatch,
     assert (mine.seeds, mine.output_dir) == (4, str(tmp_path / "mine"))
     with pytest.raises(FileNotFoundError, match="configs/study/missing.yaml does not exist"):
         load_study([STUDY, "configs/study/missing.yaml"])
+
+
+ORPHAN_SCRIPT = """
+import os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from lmc.experiments.study import die_with_parent
+
+def report_pid_then_sleep(path):
+    open(path, "w").write(str(os.getpid()))
+    time.sleep(120)
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),))
+    pool.submit(report_pid_then_sleep, sys.argv[1])
+    time.sleep(120)
+"""
+
+
+def test_a_killed_study_leaves_no_worker_behind(tmp_path):
+    """kill -9 of lmc repro used to leave its workers running as orphans, writing into the run folders."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script, pid_file = tmp_path / "study.py", tmp_path / "worker.pid"
+    script.write_text(ORPHAN_SCRIPT)
+    parent = subprocess.Popen([sys.executable, str(script), str(pid_file)], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        worker = int(pid_file.read_text())
+        os.kill(worker, 0)  # running
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            raise AssertionError(f"worker {worker} outlived its killed parent by 10 s")
+    finally:
+        parent.kill()
+
+
+def test_two_studies_never_share_an_output_folder(tmp_path, monkeypatch):
+    from lmc.experiments.study import run_study
+    from lmc.io import FolderInUseError, folder_lock
+
+    study = dataclasses.replace(load_study([STUDY, QUICK]), output_dir=str(tmp_path / "study"))
+    with folder_lock(tmp_path / "study", "lmc repro"), pytest.raises(FolderInUseError, match="another lmc repro"):
+        run_study(study, jobs=1)

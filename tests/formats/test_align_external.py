@@ -87,8 +87,9 @@ def test_a_planted_pair_is_recovered_through_the_cli(tmp_path):
     main(["align", str(source_dir), str(target_dir), "--output", str(tmp_path / "out")])
     aligned = _hf_load(tmp_path / "out" / "aligned")
     assert next(aligned.parameters()).dtype == torch.float64
+    # Float64 rounding only: entries of at most 1.5 off by 3.9e-16 (measured).
     for (name, value), expected in zip(aligned.named_parameters(), target.parameters()):
-        torch.testing.assert_close(value, expected, rtol=0, atol=1e-9, msg=name)
+        torch.testing.assert_close(value, expected, rtol=0, atol=1e-12, msg=name)
 
 
 def test_sharded_directories_are_read_and_written_sharded(tmp_path):
@@ -153,6 +154,23 @@ def test_timm_state_dict_files_take_the_model_name_and_arguments(tmp_path):
     torch.testing.assert_close(_logits(aligned), _logits(source), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
 
 
+def test_state_dict_files_and_lmc_checkpoints_are_told_apart_by_name(tmp_path, capsys):
+    """A timm state dict without --timm-model, and an lmc checkpoint with it, used to end in key lists or worse."""
+    from lmc.training import LMCModule
+    from tests.runs import data
+
+    vit = model("vit-tiny", {}, seed=0)
+    state = tmp_path / "vit.pth"
+    torch.save(vit.state_dict(), state)
+    out = ["--output", str(tmp_path / "out")]
+    assert "for a timm state dict add --timm_model NAME" in fails(["align", str(state), str(state), *out], capsys)
+    module = LMCModule("reference-vit-tiny", {"pe": "rope"}, data().info)
+    checkpoint = tmp_path / "lmc.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, checkpoint)
+    error = fails(["align", str(checkpoint), str(checkpoint), *out, "--timm-model", "vit_tiny_patch16_224"], capsys)
+    assert f"{checkpoint} is an lmc checkpoint" in error and "drop --timm_model" in error
+
+
 def test_unsupported_architectures_and_mismatched_pairs_are_refused(tmp_path, capsys):
     import transformers
 
@@ -168,6 +186,9 @@ def test_unsupported_architectures_and_mismatched_pairs_are_refused(tmp_path, ca
     assert "no adapter for transformers:GPT2ForSequenceClassification" in error
     assert "n_layer is 2" in fails(["align", str(gpt2), str(deeper), "--output", out], capsys)
     assert "timm checkpoint" in fails(["align", str(gpt2), str(vit), "--output", out], capsys)
+    llama = save_hf(model("llama-tiny", {}, seed=0), tmp_path / "llama", tokenizer=False)
+    error = fails(["align", str(gpt2), str(llama), "--output", out], capsys)  # it used to name activation_function
+    assert f"{gpt2} holds a GPT2LMHeadModel, {llama} a LlamaForCausalLM" in error
     lmc_checkpoint = tmp_path / "seed0.ckpt"
     lmc_checkpoint.write_bytes(b"weights")
     error = fails(["align", str(lmc_checkpoint), str(gpt2), "--output", out], capsys)
@@ -252,3 +273,19 @@ def test_safetensors_folders_at_an_attention_scope_are_aligned_streamed(name, tm
     _check_merged(merged, load(target_dir), aligned, 0.5)
     report = json.loads((output / "report.json").read_text())
     assert report["scope"] == "all_attention" and report["distance"]["aligned"] < report["distance"]["naive"]
+
+
+def test_written_model_files_get_the_mode_of_any_new_file(tmp_path):
+    """safetensors writes 0o600; the outputs used to keep it, unreadable to the user's group."""
+    import os
+
+    source = save_hf(model("gpt2-tiny", {}, seed=0), tmp_path / "source", tokenizer=False)
+    target = save_hf(model("gpt2-tiny", {}, seed=1), tmp_path / "target", tokenizer=False)
+    previous = os.umask(0o022)
+    try:
+        main(["align", str(source), str(target), "--output", str(tmp_path / "out"), "--merge-alpha", "0.5"])
+    finally:
+        os.umask(previous)
+    written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert {p.name for p in written} >= {"model.safetensors", "config.json", "report.json"}
+    assert {oct(p.stat().st_mode & 0o777) for p in written} == {oct(0o644)}

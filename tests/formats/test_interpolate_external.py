@@ -156,7 +156,7 @@ def test_timm_models_on_an_image_folder(tmp_path):
     folders = [save_timm(model("eva02-tiny", {}, seed=s), tmp_path / f"m{s}") for s in (0, 1)]
     generator = torch.Generator().manual_seed(0)
     images = tmp_path / "images"
-    for label in ("cat", "dog"):
+    for label in ("3", "7"):  # two of the model's classes, named by index
         (images / label).mkdir(parents=True)
         for index in range(3):
             pixels = torch.randint(256, (12, 12), generator=generator, dtype=torch.uint8).numpy()
@@ -167,5 +167,62 @@ def test_timm_models_on_an_image_folder(tmp_path):
     result = _result(out)
     naive, aligned = result["curves"]["naive"]["points"], result["curves"]["aligned"]["points"]
     assert aligned[0] == naive[0] and aligned[-1]["loss"] == pytest.approx(naive[-1]["loss"], rel=1e-4)
+    from lmc.formats.evaluation_data import evaluation_data
+
+    dataset = evaluation_data(images, load_external(a).model, None).dataset
+    assert [int(dataset[i]["labels"]) for i in range(len(dataset))] == [3, 3, 3, 7, 7, 7]  # the folders' indices
     # The accuracy of 6 images is a multiple of 1/6: every image was evaluated once.
     assert all(round(6 * p["accuracy"], 9) == round(6 * p["accuracy"]) for p in naive)
+
+
+def test_data_that_would_be_measured_wrongly_is_refused_by_name(gpt2_pair, tmp_path, capsys):
+    """Each of these used to run to exit 0 and measure something else than the user's data."""
+    a, b = map(str, gpt2_pair)
+    out = ["--output-dir", str(tmp_path / "o")]
+    text = tmp_path / "eval.txt"
+    text.write_text("\n".join(sentences(12)))
+    positions = load_external(a).model.config.n_positions
+    error = fails(["interpolate", a, b, "--data", str(text), *out, "--sequence-length", str(positions + 1)], capsys)
+    assert f"longer than the {positions} positions of GPT2LMHeadModel" in error
+    assert "not a data set with splits" in fails(
+        ["interpolate", a, b, "--data", str(text), *out, "--split", "test"], capsys
+    )
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café au lait ".encode("latin-1") * 20)
+    assert f"{latin} is not UTF-8 text" in fails(["interpolate", a, b, "--data", str(latin), *out], capsys)
+
+    bare = [save_hf(model("bert-tiny", {}, seed=s), tmp_path / f"bare{s}", tokenizer=False) for s in (0, 1)]
+    table = tmp_path / "eval.csv"
+    table.write_text("text,label\n" + "".join(f"{t},{i % 4}\n" for i, t in enumerate(sentences(8))))
+    error = fails(["interpolate", str(bare[0]), str(bare[1]), "--data", str(table), *out], capsys)
+    assert "has no tokenizer files" in error  # it used to read every text as [CLS] [UNK] ... [SEP]
+    folders = [save_hf(model("bert-tiny", {}, seed=s), tmp_path / f"bert{s}") for s in (0, 1)]
+    fractional = tmp_path / "fractional.csv"
+    fractional.write_text("text,label\n" + "".join(f"{t},{i % 4 + 0.5}\n" for i, t in enumerate(sentences(8))))
+    error = fails(["interpolate", *map(str, folders), "--data", str(fractional), *out], capsys)
+    assert "label 0.5 is not a class index" in error  # it used to truncate 0.5, 1.5, ... to 0, 1, ...
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_image_folder_needs_one_folder_per_class_of_the_model(tmp_path, capsys):
+    from PIL import Image
+
+    folders = [save_timm(model("eva02-tiny", {}, seed=s), tmp_path / f"m{s}") for s in (0, 1)]
+    classes = load_external(folders[0]).model.num_classes
+    images = tmp_path / "images" / "only"
+    images.mkdir(parents=True)
+    Image.fromarray(torch.zeros(12, 12, dtype=torch.uint8).numpy(), mode="L").save(images / "0.png")
+    error = fails(
+        ["interpolate", *map(str, folders), "--data", str(images.parent), "--output-dir", str(tmp_path / "o")], capsys
+    )
+    assert f"has 1 class folders, but the model has {classes} classes" in error  # it used to label everything 0
+    (images.parent / str(classes)).mkdir()
+    Image.fromarray(torch.zeros(12, 12, dtype=torch.uint8).numpy(), mode="L").save(
+        images.parent / str(classes) / "0.png"
+    )
+    (images / "0.png").rename(images.parent / str(classes) / "1.png")
+    images.rmdir()
+    error = fails(
+        ["interpolate", *map(str, folders), "--data", str(images.parent), "--output-dir", str(tmp_path / "o")], capsys
+    )
+    assert f"class folder {classes} is not one of the model's {classes} classes" in error

@@ -122,8 +122,9 @@ def test_inverse_undoes_and_compose_chains(key):
     for name in ("query", "key", "value", "out", "query_bias", "value_bias"):
         if getattr(weights, name) is None:
             continue
-        torch.testing.assert_close(getattr(undone, name), getattr(weights, name), rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(getattr(composed, name), getattr(chained, name), rtol=1e-10, atol=1e-12)
+        # Entries of at most 1.9; measured differences at most 4.4e-16 (undone) and 6.7e-16 (composed).
+        torch.testing.assert_close(getattr(undone, name), getattr(weights, name), rtol=0, atol=1e-12)
+        torch.testing.assert_close(getattr(composed, name), getattr(chained, name), rtol=0, atol=1e-12)
     first.compose(second).validate(layer)
     first.inverse().validate(layer)
 

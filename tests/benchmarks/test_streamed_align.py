@@ -1,0 +1,53 @@
+"""benchmarks/streamed_align.py: every committed figure is one the script writes; its Markdown renders its JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.streamed_align import render
+
+ROOT = Path(__file__).parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _leaves(value: object, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """The key paths of a JSON object's leaves."""
+    if not isinstance(value, dict):
+        return {prefix}
+    return set().union(*(_leaves(v, (*prefix, k)) for k, v in value.items())) if value else {prefix}
+
+
+def test_the_committed_markdown_is_the_rendering_of_the_committed_json():
+    results = json.loads((RESULTS / "streamed_align.json").read_text())
+    assert (RESULTS / "streamed_align.md").read_text() == render(results, "streamed_align.json")
+
+
+@pytest.mark.slow
+def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
+    """A run on the tiny shape writes the JSON and its rendering; the committed rows hold no field it does not."""
+    output = tmp_path / "results" / "streamed.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "streamed_align.py"), "--shapes", "tiny", "--threads", "1"]
+    run = subprocess.run(
+        [*command, "--workdir", str(tmp_path / "work"), "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    written = json.loads(output.read_text())
+    assert list(written) == ["tiny"]
+    assert output.with_suffix(".md").read_text() == render(written, output.name)
+    fields = _leaves(written["tiny"])
+    assert ("machine", "load_average_before") in fields and ("full_model", "peak_rss") in fields
+    committed = json.loads((RESULTS / "streamed_align.json").read_text())
+    for shape, row in committed.items():
+        assert _leaves(row) <= fields, (shape, sorted(_leaves(row) - fields))
+    # Rendering again from the JSON alone gives the same Markdown.
+    output.with_suffix(".md").unlink()
+    subprocess.run([*command[:2], "--render", "--output", str(output)], check=True, timeout=120)
+    assert output.with_suffix(".md").read_text() == render(written, output.name)
