@@ -14,7 +14,7 @@ from torch import nn
 
 from lmc.adapters import UnsupportedModelError, adapter_for, apply_transform, describe, model_spec, random_symmetry
 from lmc.adapters.decoders import DecoderAdapter, DecoderLayout
-from lmc.models import create_model
+from lmc.models import create_model, randomize_parameters_
 from lmc.symmetry import SCOPES, ModelTransform, qk_group, sample_attention_transform
 from tests.architectures import DECODERS, build, relative_difference
 from tests.symmetry.test_groups import commutant_dimension, rotations
@@ -66,6 +66,21 @@ def test_mistral_window_masks_the_probe_and_leaves_the_group_unchanged():
     assert [(layer["qk_group"], layer["qk_group_dim"]) for layer in describe(model)] == [("H", 8), ("H", 8)]
     transformed = random_symmetry(model, scope="all_attention", seed=3)
     assert relative_difference(outputs(model, 24), outputs(transformed, 24)) < 2e-6
+
+
+def test_qwen2_with_windows_on_some_layers_keeps_the_group(monkeypatch):
+    """Qwen2's use_sliding_window masks the layers from max_window_layers on: positions again, not coordinates."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    monkeypatch.setattr(Qwen2RMSNorm, "forward", _float64_rms_norm)
+    windowed = dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    model = randomize_parameters_(create_model("qwen2-tiny", dtype=torch.float64, **windowed), seed=0)
+    assert model.config.layer_types == ["full_attention", "sliding_attention"]
+    full = randomize_parameters_(create_model("qwen2-tiny", dtype=torch.float64), seed=0)
+    assert relative_difference(outputs(model), outputs(full)) > BROKEN  # the window masks the 16-token probe
+    for scope in SCOPES:
+        transformed = random_symmetry(model, scope=scope, seed=1)
+        assert relative_difference(outputs(model), outputs(transformed)) < 1e-12, scope
 
 
 def test_a_window_sees_offsets_whose_commutant_is_the_whole_group():
