@@ -22,17 +22,21 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "bert": ("bert-tiny", {}),
     "roformer": ("roformer-tiny", {}),
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
+    "mistral-swa": ("mistral-tiny", {}),  # sliding window 4 < the 16-token probe
+    "qwen2-gqa": ("qwen2-tiny", {}),  # biases on q, k, v
     "timm-vit": ("vit-tiny", {}),
     "timm-rope-vit": ("rope-vit-tiny", {}),
     "timm-eva02": ("eva02-tiny", {}),
 }
-ROPE = [key for key in ARCHITECTURES if "rope" in key or key in ("roformer", "llama-gqa", "timm-eva02")]
+DECODERS = ["llama-gqa", "mistral-swa", "qwen2-gqa"]  # lmc.adapters.decoders
+ROPE = [key for key in ARCHITECTURES if "rope" in key or key in ("roformer", "timm-eva02", *DECODERS)]
 APE = [key for key in ARCHITECTURES if key not in ROPE]
-GQA = ["ref-lm-rope-half-gqa-swiglu-rms-nobias", "llama-gqa"]
+GQA = ["ref-lm-rope-half-gqa-swiglu-rms-nobias", *DECODERS]
 
-# HF's LlamaRMSNorm normalizes in float32 even in a float64 model, so equal functions agree
-# only to float32 rounding after each norm (observed ~2e-7); every other model to ~1e-15.
-OUTPUT_RTOL = {"llama-gqa": 2e-6}
+# HF's RMSNorms (Llama, Mistral, Qwen2) normalize in float32 even in a float64 model, so equal
+# functions agree only to float32 rounding after each norm (observed ~2e-7); every other model to
+# ~1e-15, and so do the decoders with their norms computed in float64 (tests/symmetry/test_decoders.py).
+OUTPUT_RTOL = {key: 2e-6 for key in DECODERS}
 DEFAULT_OUTPUT_RTOL = 1e-9
 
 # The bound of every float64 exactness claim of the symmetry and matching tests (a symmetry keeps

@@ -5,7 +5,7 @@ take a model and read it through its adapter. ``transformers`` and ``timm`` are 
 when one of their models is described.
 """
 
-from lmc.adapters import huggingface, reference, timm_vision  # noqa: F401  (registration)
+from lmc.adapters import decoders, huggingface, reference, timm_vision  # noqa: F401  (registration)
 from lmc.adapters.api import apply_transform, describe, model_spec, random_symmetry, scope_parameters
 from lmc.adapters.base import (
     ModelAdapter,

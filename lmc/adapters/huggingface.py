@@ -1,11 +1,12 @@
-"""Adapters for HF transformers: GPT-2, BERT, RoFormer and Llama (transformers 5.x layouts).
+"""Adapters for HF transformers: GPT-2, BERT and RoFormer (transformers 5.x layouts).
 
 - GPT-2 stores ``Conv1D`` weights ``in x out`` and fuses Q, K, V in ``c_attn`` (columns
   ``[Q | K | V]``, head-major); the LM head is tied to ``wte``.
 - BERT and RoFormer are post-norm encoders with separate ``query/key/value`` Linears;
   RoFormer rotates interleaved pairs with angles from its sinusoidal table. Their task heads
   have hidden units of their own (BERT's tanh pooler, RoFormer's classifier MLP).
-- Llama rotates ``rotate_half`` pairs after any bias, before repeating KV heads (GQA).
+
+Llama-like decoders (Llama, Mistral, Qwen2) are declared as data in :mod:`lmc.adapters.decoders`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from lmc.symmetry.spec import (
 )
 
 
-def _token_inputs(config, batch_size: int, generator: torch.Generator, max_length: int) -> torch.Tensor:
+def token_inputs(config, batch_size: int, generator: torch.Generator, max_length: int) -> torch.Tensor:
     length = min(max_length, 16)
     return torch.randint(config.vocab_size, (batch_size, length), generator=generator)
 
@@ -47,7 +48,7 @@ class _TokenAdapter(ModelAdapter):
         return inputs
 
 
-class _CausalLMAdapter(_TokenAdapter):
+class CausalLMAdapter(_TokenAdapter):
     """HF causal LMs: lmc never generates, so no forward fills a key/value cache."""
 
     def model_inputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -55,7 +56,7 @@ class _CausalLMAdapter(_TokenAdapter):
 
 
 @register_adapter("transformers:GPT2LMHeadModel")
-class GPT2Adapter(_CausalLMAdapter):
+class GPT2Adapter(CausalLMAdapter):
     def spec(self, model: nn.Module) -> SymmetrySpec:
         from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
@@ -106,7 +107,7 @@ class GPT2Adapter(_CausalLMAdapter):
         return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual), readers))
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        return {"input_ids": _token_inputs(model.config, batch_size, generator, model.config.n_positions)}
+        return {"input_ids": token_inputs(model.config, batch_size, generator, model.config.n_positions)}
 
 
 class _EncoderAdapter(_TokenAdapter):
@@ -188,7 +189,7 @@ class _EncoderAdapter(_TokenAdapter):
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         c = model.config
-        input_ids = _token_inputs(c, batch_size, generator, c.max_position_embeddings)
+        input_ids = token_inputs(c, batch_size, generator, c.max_position_embeddings)
         token_type_ids = torch.randint(c.type_vocab_size, input_ids.shape, generator=generator)
         return {"input_ids": input_ids, "token_type_ids": token_type_ids}
 
@@ -223,60 +224,3 @@ class RoFormerAdapter(_EncoderAdapter):
         table = model.roformer.encoder.embed_positions.weight.detach()  # (positions, head_dim): [sin | cos]
         sin, cos = table.chunk(2, dim=-1)
         return rotary_from_cos_sin("interleaved", rotary_pairs("interleaved", head_dim), cos, sin)
-
-
-@register_adapter("transformers:LlamaForCausalLM")
-class LlamaAdapter(_CausalLMAdapter):
-    def spec(self, model: nn.Module) -> SymmetrySpec:
-        from transformers.models.llama.modeling_llama import LlamaAttention
-
-        c = model.config
-        index = ParameterIndex(model)
-        d, h, h_kv = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
-        head_dim = getattr(c, "head_dim", None) or d // h
-        rotary = self._rotary(model, head_dim)
-        residual = index.axes(("model.embed_tokens.weight", 1), ("lm_head.weight", 1))
-        blocks = []
-        for i in range(c.num_hidden_layers):
-            p = f"model.layers.{i}"
-            require_class(model.model.layers[i].self_attn, (LlamaAttention,), f"{p}.self_attn")
-            projections = tuple(f"{p}.self_attn.{x}_proj" for x in ("q", "k", "v", "o"))
-            attention = linear_attention(
-                index,
-                f"{p}.self_attn",
-                projections,
-                width=d,
-                num_heads=h,
-                num_kv_heads=h_kv,
-                head_dim=head_dim,
-                pe="rope",
-                rotary=rotary,
-            )
-            inputs = (f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj")
-            feed_forward = linear_feed_forward(index, f"{p}.mlp", inputs, f"{p}.mlp.down_proj", c.intermediate_size)
-            blocks.append(BlockSpec(attention, feed_forward))
-            residual += index.elementwise(f"{p}.input_layernorm") + index.elementwise(f"{p}.post_attention_layernorm")
-            residual += [axis for q in projections[:3] + inputs for axis in index.linear_reads(q)]
-            residual += index.linear_writes(projections[3]) + index.linear_writes(f"{p}.mlp.down_proj")
-        residual += index.elementwise("model.norm")
-        norms = ("input_layernorm", "post_attention_layernorm")
-        readers = tuple(f"model.layers.{i}.{norm}" for i in range(c.num_hidden_layers) for norm in norms)
-        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual), readers + ("model.norm",)))
-
-    @staticmethod
-    def _rotary(model: nn.Module, head_dim: int):
-        # Distinct frequencies show within a few thousand positions; long contexts need no more.
-        positions = torch.arange(min(model.config.max_position_embeddings, 4096))[None]
-        probe = torch.zeros(1, 1, dtype=torch.float64)
-        rotary_emb = model.model.rotary_emb
-        if rotary_emb.inv_freq.is_meta:  # a skeleton on the meta device: the frequencies follow from the config
-            rotary_emb = type(rotary_emb)(model.config)
-        with torch.no_grad():
-            cos, sin = rotary_emb(probe, positions)  # (1, T, head_dim), cat(freqs, freqs)
-        if cos.shape[-1] != head_dim:
-            raise UnsupportedModelError(f"Llama rotary width {cos.shape[-1]} != head_dim {head_dim} is not supported")
-        pairs = rotary_pairs("half", head_dim)
-        return rotary_from_cos_sin("half", pairs, cos[0, :, : head_dim // 2], sin[0, :, : head_dim // 2])
-
-    def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        return {"input_ids": _token_inputs(model.config, batch_size, generator, model.config.max_position_embeddings)}

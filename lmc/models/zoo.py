@@ -109,7 +109,7 @@ def _reference_fields(data: DataInfo) -> dict[str, Any]:
 
 
 def _gpt_fields(positions: str) -> Callable[[DataInfo], dict[str, Any]]:
-    """Decoder language models (GPT-2, Llama); ``positions`` names their context-length field."""
+    """Decoder language models (GPT-2, Llama, Mistral, Qwen2); ``positions`` names their context-length field."""
 
     def fields(data: DataInfo) -> dict[str, Any]:
         _check_task("decoder language", data, ("causal_lm",))
@@ -181,6 +181,17 @@ _TINY = dict(width=32, depth=2, num_heads=4)
 _PAPER = dict(width=256, depth=6, num_heads=4)  # the paper's 6-layer, 4-head ViT / BERT
 _NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 _GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+_LLAMA_TINY = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=64,
+    vocab_size=64,
+    max_position_embeddings=32,
+    bos_token_id=0,
+    eos_token_id=0,
+)
 _VIT = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10)
 
 _FAMILIES: dict[str, ModelFactory] = {
@@ -227,22 +238,15 @@ _FAMILIES: dict[str, ModelFactory] = {
         ),
         _encoder_fields,
     ),
-    "llama-tiny": _hf(
-        "LlamaConfig",
-        "LlamaForCausalLM",
-        dict(
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=64,
-            vocab_size=64,
-            max_position_embeddings=32,
-            bos_token_id=0,
-            eos_token_id=0,
-        ),
+    "llama-tiny": _hf("LlamaConfig", "LlamaForCausalLM", _LLAMA_TINY, _gpt_fields("max_position_embeddings")),
+    # Llama-like decoders (lmc.adapters.decoders): a window shorter than the 16-token probe, so that it masks.
+    "mistral-tiny": _hf(
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(_LLAMA_TINY, sliding_window=4),
         _gpt_fields("max_position_embeddings"),
     ),
+    "qwen2-tiny": _hf("Qwen2Config", "Qwen2ForCausalLM", _LLAMA_TINY, _gpt_fields("max_position_embeddings")),
     "vit-tiny": _timm("vit_tiny_patch16_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
     "rope-vit-tiny": _timm("vit_base_patch16_rope_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
     "eva02-tiny": _timm("eva02_tiny_patch14_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),

@@ -19,6 +19,8 @@ HF_MODELS = {
     "roformer": ("roformer-tiny", {}),
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
     "llama-gqa-tied": ("llama-tiny", {"tie_word_embeddings": True}),
+    "mistral-swa": ("mistral-tiny", {}),
+    "qwen2-gqa": ("qwen2-tiny", {}),
 }
 TIMM_MODELS = {"vit": ("vit-tiny", {}), "eva02": ("eva02-tiny", {})}
 # Functionally equal float32 models agree to float32 rounding (observed ~1e-6 relative).

@@ -71,6 +71,20 @@ def test_causal_lm_curves_on_a_text_file_with_perplexity_and_every_output(gpt2_p
     assert {"lmc/reference_0/aligned/perplexity", "lmc/reference_0/naive/loss_barrier"} <= scalars
 
 
+@pytest.mark.parametrize("name", ["mistral-tiny", "qwen2-tiny"])
+def test_llama_like_decoders_interpolate_with_aligned_end_points_equal(name, tmp_path):
+    a, b = (str(save_hf(model(name, {}, seed=s), tmp_path / f"m{s}")) for s in (0, 1))
+    text = tmp_path / "eval.txt"
+    text.write_text("\n".join(sentences(12)))
+    out = tmp_path / "lmc"
+    main(["interpolate", a, b, "--data", str(text), "--output-dir", str(out), "--sequence-length", "16"])
+    curves = _result(out)["curves"]
+    naive, aligned = curves["naive"]["points"], curves["aligned"]["points"]
+    assert len(naive) == len(aligned) == 25
+    # Alpha 0 is the target, alpha 1 the source: aligned only by a symmetry, it keeps its loss.
+    assert aligned[0] == naive[0] and aligned[-1]["loss"] == pytest.approx(naive[-1]["loss"], rel=1e-4)
+
+
 def test_one_command_detects_each_checkpoint_and_parses_its_config_json_once(gpt2_pair, tmp_path, monkeypatch):
     """Format, config and timm settings are one value per checkpoint (lmc.formats.Checkpoint), read once."""
     reads = []

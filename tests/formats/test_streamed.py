@@ -75,6 +75,8 @@ CASES = [
     ("roformer-tiny", torch.float32, True, "all_attention"),
     ("roformer-tiny", torch.bfloat16, False, "first_block"),
     ("vit-tiny", torch.float32, False, "first_block"),
+    ("mistral-tiny", torch.bfloat16, True, "first_block"),
+    ("qwen2-tiny", torch.bfloat16, True, "all_attention"),
     ("rope-vit-tiny", torch.bfloat16, False, "all_attention"),
 ]
 

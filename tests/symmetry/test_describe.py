@@ -23,6 +23,8 @@ EXPECTED = {
     "bert": ("absolute", None, 4, 4, 8, "GL", 64),
     "roformer": ("rope", "interleaved", 4, 4, 8, "H", 8),
     "llama-gqa": ("rope", "half", 4, 2, 8, "H", 8),
+    "mistral-swa": ("rope", "half", 4, 2, 8, "H", 8),  # the window masks positions, not head coordinates
+    "qwen2-gqa": ("rope", "half", 4, 2, 8, "H", 8),
     "timm-vit": ("absolute", None, 4, 4, 8, "GL", 64),
     "timm-rope-vit": ("rope", "axial", 4, 4, 8, "H", 8),
     "timm-eva02": ("rope", "axial", 4, 4, 8, "H", 8),

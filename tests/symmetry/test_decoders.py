@@ -1,0 +1,140 @@
+"""Llama-like decoders declared as data (lmc.adapters.decoders): what each family adds to Llama.
+
+The generic tests (test_invariance.py, test_groups.py, test_describe.py, tests/matching) run on
+every entry of tests/architectures.DECODERS; these check what is specific to each family.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch import nn
+
+from lmc.adapters import UnsupportedModelError, adapter_for, apply_transform, describe, model_spec, random_symmetry
+from lmc.adapters.decoders import DecoderAdapter, DecoderLayout
+from lmc.models import create_model, randomize_parameters_
+from lmc.symmetry import SCOPES, ModelTransform, qk_group, sample_attention_transform
+from tests.architectures import DECODERS, build, relative_difference
+from tests.symmetry.test_groups import commutant_dimension, rotations
+
+BROKEN = 1e-4
+NORMS = {
+    "llama-gqa": "transformers.models.llama.modeling_llama:LlamaRMSNorm",
+    "mistral-swa": "transformers.models.mistral.modeling_mistral:MistralRMSNorm",
+    "qwen2-gqa": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
+}
+
+
+def outputs(model: nn.Module, length: int | None = None) -> torch.Tensor:
+    adapter = adapter_for(model)
+    inputs = adapter.example_inputs(model, 3, torch.Generator().manual_seed(0))
+    if length is not None:
+        inputs["input_ids"] = torch.randint(
+            model.config.vocab_size, (3, length), generator=torch.Generator().manual_seed(1)
+        )
+    with torch.no_grad():
+        return adapter.forward(model, inputs)
+
+
+def _float64_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """HF's RMSNorm without its cast to float32: the same function, computed in the input's dtype."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("key", DECODERS)
+def test_random_symmetry_is_exact_when_the_norms_compute_in_float64(key, scope, monkeypatch):
+    module, name = NORMS[key].split(":")
+    monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", _float64_rms_norm)
+    model = build(key)
+    transformed = random_symmetry(model, scope=scope, seed=1)
+    assert relative_difference(outputs(model), outputs(transformed)) < 1e-12
+
+
+def test_mistral_window_masks_the_probe_and_leaves_the_group_unchanged():
+    model = build("mistral-swa")
+    window = model.config.sliding_window
+    probe = adapter_for(model).example_inputs(model, 1, torch.Generator().manual_seed(0))["input_ids"]
+    assert probe.shape[1] > window  # the mask drops keys: the invariance tests see a windowed model
+    unwindowed = build("mistral-swa")
+    unwindowed.config.sliding_window = None
+    assert relative_difference(outputs(model), outputs(unwindowed)) > BROKEN
+    # Same group as Llama's: the window acts on positions, never on head coordinates.
+    assert [(layer["qk_group"], layer["qk_group_dim"]) for layer in describe(model)] == [("H", 8), ("H", 8)]
+    transformed = random_symmetry(model, scope="all_attention", seed=3)
+    assert relative_difference(outputs(model, 24), outputs(transformed, 24)) < 2e-6
+
+
+def test_qwen2_with_windows_on_some_layers_keeps_the_group(monkeypatch):
+    """Qwen2's use_sliding_window masks the layers from max_window_layers on: positions again, not coordinates."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    monkeypatch.setattr(Qwen2RMSNorm, "forward", _float64_rms_norm)
+    windowed = dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    model = randomize_parameters_(create_model("qwen2-tiny", dtype=torch.float64, **windowed), seed=0)
+    assert model.config.layer_types == ["full_attention", "sliding_attention"]
+    full = randomize_parameters_(create_model("qwen2-tiny", dtype=torch.float64), seed=0)
+    assert relative_difference(outputs(model), outputs(full)) > BROKEN  # the window masks the 16-token probe
+    for scope in SCOPES:
+        transformed = random_symmetry(model, scope=scope, seed=1)
+        assert relative_difference(outputs(model), outputs(transformed)) < 1e-12, scope
+
+
+def test_a_window_sees_offsets_whose_commutant_is_the_whole_group():
+    """C must commute with R_t for t < w only; for w >= 2 that is the commutant of every offset."""
+    model = build("mistral-swa")
+    layer = model_spec(model).blocks[0].attention
+    window = model.config.sliding_window
+    seen = rotations(layer.rotary, layer.head_dim)[:window]  # R_0 .. R_(w-1): the offsets inside the window
+    assert commutant_dimension(seen) == commutant_dimension(rotations(layer.rotary, layer.head_dim))
+    assert commutant_dimension(seen) == qk_group(layer).num_coordinates == layer.head_dim
+
+
+def test_a_window_of_one_is_refused():
+    model = create_model("mistral-tiny", dtype=torch.float64, sliding_window=1)
+    with pytest.raises(UnsupportedModelError, match="sliding_window=1 is not supported"):
+        model_spec(model)
+
+
+def test_qwen2_biases_move_with_the_group_and_an_element_that_leaves_them_breaks_it():
+    model = build("qwen2-gqa")
+    layer = model_spec(model).blocks[0].attention
+    assert (layer.query_bias, layer.key_bias, layer.value_bias) != (None, None, None)
+    assert layer.out_bias is None  # Qwen2's o_proj has no bias
+    element = sample_attention_transform(layer, torch.Generator().manual_seed(2))
+    transformed = apply_transform(model, ModelTransform(attention={0: element}))
+    assert relative_difference(outputs(model), outputs(transformed)) < 2e-6
+    for bias in ("q_proj", "k_proj", "v_proj"):  # the same element with one bias left where it was
+        near_miss = apply_transform(model, ModelTransform(attention={0: element}))
+        original = model.get_submodule(f"model.layers.0.self_attn.{bias}").bias
+        with torch.no_grad():
+            near_miss.get_submodule(f"model.layers.0.self_attn.{bias}").bias.copy_(original)
+        assert relative_difference(outputs(model), outputs(near_miss)) > BROKEN, bias
+
+
+def test_a_model_that_differs_from_its_declaration_is_refused():
+    model = build("qwen2-gqa")
+    model.model.layers[1].self_attn.q_proj = nn.Linear(32, 32, bias=False, dtype=torch.float64)
+    with pytest.raises(UnsupportedModelError, match=r"missing: \['model\.layers\.1\.self_attn\.q_proj\.bias'\]"):
+        model_spec(model)
+
+    from transformers.models.mistral.modeling_mistral import MistralDecoderLayer
+
+    class ParallelLayer(MistralDecoderLayer):
+        """Same parameters, another function."""
+
+    model = build("mistral-swa")
+    model.model.layers[0].__class__ = ParallelLayer
+    with pytest.raises(UnsupportedModelError, match=r"model\.layers\.0 is a .*ParallelLayer"):
+        model_spec(model)
+
+
+def test_a_declared_rotary_fraction_is_checked_against_the_model():
+    class HalfRotaryLlama(DecoderAdapter):
+        layout = DecoderLayout("Llama", "transformers.models.llama.modeling_llama", rotary_fraction=0.5)
+
+    with pytest.raises(UnsupportedModelError, match=r"Llama rotary width 8 != 4 \(rotary_fraction 0.5"):
+        HalfRotaryLlama().spec(create_model("llama-tiny", dtype=torch.float64))  # no biases, as declared
