@@ -148,6 +148,8 @@ FAMILY_DATA = {
     "reference-tiny": TOKENS,
     "gpt2-tiny": TOKENS,
     "llama-tiny": TOKENS,
+    "mistral-tiny": TOKENS,
+    "qwen2-tiny": TOKENS,
 }
 
 
