@@ -20,6 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from lmc.io import nan_for_null
+
 #: The strategies table's columns compared, by their header.
 COLUMNS = ("naive loss barrier", "loss ratio", "acc ratio")
 SECTION = "## The four re-initialization strategies"
@@ -108,7 +110,7 @@ def compare_runs(first: Path, second: Path) -> list[str]:
         if not (second / path).is_file():
             lines.append(f"{path}: missing in {second}")
             continue
-        found = differences(*(json.loads((root / path).read_text()) for root in (first, second)))
+        found = differences(*(nan_for_null(json.loads((root / path).read_text())) for root in (first, second)))
         if found:
             lines.append(f"{path}: {len(found)} differences, first {found[0]}")
     return [*lines, f"{len(set(files) | set(theirs))} files compared, {len(lines)} differ"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import secrets
 import shutil
@@ -71,8 +72,34 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda p: p.write_text(text))
 
 
+def strict_json(value: object) -> object:
+    """``value`` with every NaN and infinity as ``None``: JSON has no such numbers (``null`` stands for them)."""
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(item) for item in value]
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    number = float(value)  # floats, and the numpy and torch scalars results hold
+    return number if math.isfinite(number) else None
+
+
 def atomic_write_json(path: str | Path, data: object) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=2, default=float) + "\n")
+    """``data`` as strict JSON (NaN and infinities written as ``null``; see :func:`nan_for_null`), atomically."""
+    return atomic_write_text(path, json.dumps(strict_json(data), indent=2, allow_nan=False) + "\n")
+
+
+def nan_for_null(value: object) -> object:
+    """JSON read back where every number may be NaN: each ``null`` becomes NaN again.
+
+    Only for data that holds numbers alone (curve points, tables, summaries), where ``null`` can
+    only be a number :func:`atomic_write_json` could not write.
+    """
+    if isinstance(value, dict):
+        return {key: nan_for_null(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [nan_for_null(item) for item in value]
+    return math.nan if value is None else value
 
 
 def overlapping_input(output: str | Path, inputs: Sequence[str | Path]) -> Path | None:

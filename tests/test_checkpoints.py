@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 import pytest
@@ -128,3 +129,27 @@ def test_a_folder_is_not_called_missing(tmp_path):
         read_state_dict(folder)
     with pytest.raises(CheckpointError, match=f"^checkpoint {tmp_path / 'missing.ckpt'} does not exist$"):
         read_state_dict(tmp_path / "missing.ckpt")
+
+
+def _strict(text: str):
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_files_are_strict_json_and_their_numbers_come_back(tmp_path):
+    """summary.json and lmc_results.json used to hold bare NaN (a ratio without a naive barrier): not JSON."""
+    import math
+
+    import numpy as np
+
+    from lmc.io import atomic_write_json, nan_for_null
+
+    data = {"ratio": float("nan"), "curve": [float("inf"), 0.5, -float("inf")], "scalar": np.float64(0.25), "n": 3}
+    path = atomic_write_json(tmp_path / "summary.json", data)
+    written = _strict(path.read_text())
+    assert written == {"ratio": None, "curve": [None, 0.5, None], "scalar": 0.25, "n": 3}
+    back = nan_for_null(written)
+    assert math.isnan(back["ratio"]) and back["curve"][1:2] == [0.5] and back["n"] == 3
+    assert all(math.isnan(value) for value in (back["curve"][0], back["curve"][2]))

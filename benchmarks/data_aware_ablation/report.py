@@ -10,6 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from lmc.io import nan_for_null
+
 #: The ablation's alignments, by their ``lmc run`` labels, in the order of ``ablation.yaml``.
 LABELS = {
     "full": "weight (`full`)",
@@ -22,7 +24,7 @@ LABELS = {
 
 def table(run: Path) -> list[str]:
     """One run's rows: loss barrier % of naive, mean ± std over pairs, and pairs better than ``full``."""
-    summary = json.loads((run / "summary.json").read_text())
+    summary = nan_for_null(json.loads((run / "summary.json").read_text()))
     pairs, alignments = summary["pairs"], summary["alignments"]
     ratio = {
         label: [alignments[label]["per_pair"][pair]["barrier_ratio"]["loss_barrier"] for pair in pairs]

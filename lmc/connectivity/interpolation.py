@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lmc.io import atomic_write_json
+from lmc.io import atomic_write_json, nan_for_null
 from lmc.symmetry import compute_dtype
 
 #: Named float64 sums over the samples (or tokens) of one batch: ``{"count": n, "loss": ..., ...}``.
@@ -142,7 +142,7 @@ class SweepStore:
                 warnings.warn(f"ignoring the unreadable sweep state {path} ({error}); its points are evaluated again")
                 saved = None
             if isinstance(saved, dict) and saved.get("key") == key and isinstance(saved.get("points"), dict):
-                points = saved["points"]
+                points = nan_for_null(saved["points"])
         return cls(path, key, points)
 
     def get(self, curve: str, index: int) -> dict[str, float] | None:

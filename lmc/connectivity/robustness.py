@@ -28,7 +28,7 @@ from torch import nn
 from lmc.connectivity import Evaluation
 from lmc.connectivity.interpolation import fingerprint, point_metrics
 from lmc.data.corruptions import Batch, Corruption, corruptions_for
-from lmc.io import atomic_write_json
+from lmc.io import atomic_write_json, nan_for_null
 from lmc.tasks import DataInfo
 
 #: Where the midpoints lie on the interpolation.
@@ -153,7 +153,7 @@ def midpoint_robustness(
         except ValueError:  # a garbled file is only a cache: measured again below
             saved = None
         if isinstance(saved, dict) and saved.get("key") == key:
-            return saved
+            return {**saved, "models": nan_for_null(saved.get("models"))}
     result = {
         "key": key,
         "settings": settings,

@@ -16,7 +16,7 @@ from lmc.configs import spelled
 from lmc.experiments.spread import cell
 from lmc.experiments.summary import ROBUSTNESS, robustness_table
 from lmc.experiments.table1 import appendix_k_section, table1_section
-from lmc.io import atomic_write, atomic_write_text
+from lmc.io import atomic_write, atomic_write_text, nan_for_null
 
 #: Per family: ``lmc.experiments.study.first_layer_inputs`` of its first strategy's seed 0.
 FIRST_LAYER_INPUTS = "first_layer_inputs.json"
@@ -49,7 +49,7 @@ def _summaries(study) -> dict[str, dict[str, dict[str, Any]]]:
         for strategy in study.strategies:
             path = Path(study.output_dir) / family.name / strategy / "summary.json"
             if path.is_file():
-                found.setdefault(family.name, {})[strategy] = json.loads(path.read_text())
+                found.setdefault(family.name, {})[strategy] = nan_for_null(json.loads(path.read_text()))
     return found
 
 
@@ -229,7 +229,7 @@ def _first_layer_inputs(study, summaries) -> list[str]:
         path = Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS
         if not path.is_file():
             continue
-        inputs = json.loads(path.read_text())
+        inputs = nan_for_null(json.loads(path.read_text()))
         shares = " | ".join(f"{100 * inputs['visible'][name]:.1f} %" for name in ("query", "key", "value"))
         lines.append(f"| {family.title} | {inputs['width']} | {inputs['rank']} | {shares} |")
         summary = summaries.get(family.name, {}).get("first_attention")

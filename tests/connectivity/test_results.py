@@ -20,6 +20,7 @@ from lmc.connectivity import (
     write_results,
 )
 from lmc.data import Digits
+from lmc.io import strict_json
 from lmc.matching import AlignOptions
 from lmc.training import LMCModule
 
@@ -51,14 +52,14 @@ def _sweep(models, output: ResultsOutput, alphas=(0.0, 0.5, 1.0), hooks=SweepHoo
 
 
 def _without_start(results) -> str:
-    """Results as JSON, without the times (when the run started, how long each alignment took); NaN equals NaN."""
+    """Results as strict JSON (as written), without the times (when the run started, how long each alignment took)."""
 
     def timeless(value):
         if isinstance(value, dict):
             return {k: timeless(v) for k, v in value.items() if k != "started" and not k.endswith("seconds")}
         return [timeless(v) for v in value] if isinstance(value, list) else value
 
-    return json.dumps(timeless(results))
+    return json.dumps(strict_json(timeless(results)))
 
 
 def test_the_pipeline_is_the_run_record_each_references_sweep_and_the_results_files(models, tmp_path):
@@ -130,3 +131,26 @@ def test_a_given_alignment_belongs_to_one_reference(models, tmp_path):
             ResultsOutput(tmp_path), model, loaders, "full_model", OPTIONS, [0.0, 1.0], evaluation,
             alignment=(model, None),
         )  # fmt: skip
+
+
+def test_a_sweep_without_a_naive_barrier_writes_strict_json(tmp_path):
+    """Its barrier ratio is NaN; lmc_results.json holds null there, and the sweep state reads it back as NaN."""
+    import json
+    import math
+
+    from lmc.connectivity.interpolation import SweepStore
+    from lmc.connectivity.results import write_results
+
+    points = [{"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, {"alpha": 1.0, "loss": 1.0, "accuracy": 0.5}]
+    curve = {"points": points, "loss_barrier": 0.0, "accuracy_barrier": 0.0}
+    result = {"curves": {"naive": curve, "aligned": curve}, "barrier_ratio": {"loss_barrier": math.nan}}
+    write_results(tmp_path, {"run": {"key": "k"}, "references": {"b.ckpt": result}}, figures=False)
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    written = json.loads((tmp_path / "lmc_results.json").read_text(), parse_constant=refuse)
+    assert written["references"]["b.ckpt"]["barrier_ratio"] == {"loss_barrier": None}
+    store = SweepStore.open(tmp_path / "state.json", "key")
+    store.put("naive", 0, {"alpha": 0.5, "loss": math.nan}, write=True)
+    assert math.isnan(SweepStore.open(tmp_path / "state.json", "key").get("naive", 0)["loss"])
