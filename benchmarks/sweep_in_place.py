@@ -59,7 +59,7 @@ def measure(mode: str) -> dict:
                 model_a,
                 endpoint_a,
                 endpoint_b,
-                lambda: evaluate(sums_for(model_a), batches, "cpu"),
+                lambda per_batch: evaluate(sums_for(model_a), batches, "cpu", per_batch),
                 alphas,
                 store,
                 "naive",

@@ -13,7 +13,7 @@ import json
 import math
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -74,15 +74,82 @@ def barriers(points: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
+def recorded_batch_sums(state_path: str | Path, curve: str = "aligned") -> list[list[dict[str, float]]] | None:
+    """The per-batch sums a finished sweep state file (:class:`SweepStore`) holds for ``curve``,
+    one list per alpha in order; ``None`` when the file or any point's batches are missing."""
+    path = Path(state_path)
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return SweepStore(path, saved["key"], saved["points"], saved.get("batches", {})).batch_sums(curve)
+
+
+def bootstrap_barriers(
+    curves: dict[str, list[list[dict[str, float]]]], alphas: list[float], resamples: int = 1000, seed: int = 0
+) -> dict[str, dict[str, torch.Tensor]]:
+    """The loss and accuracy barriers of each curve on ``resamples`` bootstrap draws of its evaluated batches.
+
+    Every curve must have been evaluated on the same batches: each draw picks ``B`` of the ``B``
+    batches with replacement and is shared by all curves, so differences between curves are
+    paired (the noise of the evaluation data, not of the models). A batch is the unit of the
+    bootstrap (a cluster of samples, or of a sequence's tokens).
+
+    Args:
+        curves: Per curve, the per-batch sums of each alpha (:func:`recorded_batch_sums`).
+        alphas: The curves' alphas.
+        resamples: Bootstrap draws.
+        seed: Seed of the draws.
+
+    Returns:
+        ``{curve: {"loss_barrier": (resamples,), "accuracy_barrier": (resamples,)}}``, float64.
+    """
+    batches = {len(per_alpha) for points in curves.values() for per_alpha in points}
+    if len(batches) != 1 or any(len(points) != len(alphas) for points in curves.values()):
+        raise ValueError("bootstrapped curves need the same batches at every alpha and one point per alpha")
+    generator = torch.Generator().manual_seed(seed)
+    (count,) = batches
+    draws = torch.randint(count, (resamples, count), generator=generator)
+    weights = torch.zeros(resamples, count, dtype=torch.float64).scatter_add_(
+        1, draws, torch.ones(resamples, count, dtype=torch.float64)
+    )
+    a = torch.tensor(alphas, dtype=torch.float64)
+    result = {}
+    for name, points in curves.items():
+        sums = {
+            metric: torch.tensor([[batch[metric] for batch in per_alpha] for per_alpha in points], dtype=torch.float64)
+            for metric in ("count", *BARRIER_METRICS)
+        }  # (alphas, batches)
+        means = {metric: (weights @ sums[metric].T) / (weights @ sums["count"].T) for metric in BARRIER_METRICS}
+        loss, accuracy = means["loss"], means["accuracy"]  # (resamples, alphas)
+        loss_line = (1 - a) * loss[:, :1] + a * loss[:, -1:]
+        accuracy_line = (1 - a) * accuracy[:, :1] + a * accuracy[:, -1:]
+        result[name] = {
+            "loss_barrier": (loss - loss_line).max(1).values,
+            "accuracy_barrier": (accuracy_line - accuracy).max(1).values,
+        }
+    return result
+
+
 @torch.no_grad()
 def evaluate(
-    metric_sums: MetricSums, batches: Iterable[dict[str, torch.Tensor]], device: torch.device
+    metric_sums: MetricSums,
+    batches: Iterable[dict[str, torch.Tensor]],
+    device: torch.device,
+    per_batch: list[dict[str, float]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Each of ``metric_sums``'s sums added over ``batches``: float64 scalars on ``device``."""
+    """Each of ``metric_sums``'s sums added over ``batches``: float64 scalars on ``device``.
+
+    Args:
+        per_batch: Receives each batch's sums, in order: the clusters a bootstrap over the
+            evaluated samples resamples (:func:`bootstrap_barriers`).
+    """
     totals: dict[str, torch.Tensor] = {}
     for batch in batches:
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        for name, value in metric_sums(batch).items():
+        sums = metric_sums(batch)
+        if per_batch is not None:
+            per_batch.append({name: float(value) for name, value in sums.items()})
+        for name, value in sums.items():
             totals[name] = totals.get(name, 0) + value.double()
     if "count" not in totals:
         raise ValueError("nothing was evaluated: the batches are empty or the metric sums have no 'count'")
@@ -130,11 +197,14 @@ class SweepStore:
     path: Path | None
     key: str
     points: dict[str, dict[str, dict[str, float]]]
+    batches: dict[str, dict[str, list[dict[str, float]]]] = field(default_factory=dict)
+    """Each point's sums per evaluated batch (``curve -> alpha index -> [sums, ...]``), where the
+    evaluation recorded them (one process): what :func:`bootstrap_barriers` resamples."""
 
     @classmethod
     def open(cls, path: str | Path | None, key: str) -> SweepStore:
         path = None if path is None else Path(path)
-        points = {}
+        points, batches = {}, {}
         if path is not None and path.is_file():
             try:
                 saved = json.loads(path.read_text())
@@ -143,15 +213,33 @@ class SweepStore:
                 saved = None
             if isinstance(saved, dict) and saved.get("key") == key and isinstance(saved.get("points"), dict):
                 points = nan_for_null(saved["points"])
-        return cls(path, key, points)
+                batches = nan_for_null(saved.get("batches", {}))
+        return cls(path, key, points, batches)
 
     def get(self, curve: str, index: int) -> dict[str, float] | None:
         return self.points.get(curve, {}).get(str(index))
 
-    def put(self, curve: str, index: int, point: dict[str, float], write: bool) -> None:
+    def batch_sums(self, curve: str) -> list[list[dict[str, float]]] | None:
+        """The per-batch sums of every point of ``curve`` in alpha order, ``None`` unless each point has them."""
+        recorded = self.batches.get(curve, {})
+        indices = sorted(self.points.get(curve, {}), key=int)
+        if not indices or any(index not in recorded for index in indices):
+            return None
+        return [recorded[index] for index in indices]
+
+    def put(
+        self,
+        curve: str,
+        index: int,
+        point: dict[str, float],
+        write: bool,
+        batches: list[dict[str, float]] | None = None,
+    ) -> None:
         self.points.setdefault(curve, {})[str(index)] = point
+        if batches:
+            self.batches.setdefault(curve, {})[str(index)] = batches
         if write and self.path is not None:
-            atomic_write_json(self.path, {"key": self.key, "points": self.points})
+            atomic_write_json(self.path, {"key": self.key, "points": self.points, "batches": self.batches})
 
 
 @torch.no_grad()
@@ -159,7 +247,7 @@ def sweep(
     model: nn.Module,
     endpoint_a: list[torch.Tensor],
     endpoint_b: list[torch.Tensor],
-    evaluate_point: Callable[[], dict[str, torch.Tensor]],
+    evaluate_point: Callable[[list[dict[str, float]]], dict[str, torch.Tensor]],
     alphas: list[float],
     store: SweepStore,
     curve: str,
@@ -172,7 +260,8 @@ def sweep(
         model: Receives the interpolated weights (its parameters, in ``named_parameters`` order,
             match ``endpoint_a`` and ``endpoint_b``). Left holding ``endpoint_a`` afterwards.
         endpoint_a, endpoint_b: The end points' parameters.
-        evaluate_point: The (reduced) metric sums of the current weights, ``count`` included.
+        evaluate_point: The (reduced) metric sums of the current weights, ``count`` included;
+            it may append each batch's sums to the list it is given, which the store then keeps.
         alphas: Interpolation coefficients.
         store: Finished points; those already there are not evaluated again.
         curve: Name of the curve in ``store``.
@@ -192,9 +281,10 @@ def sweep(
             if point is None:
                 for target, a, b in zip(parameters, endpoint_a, endpoint_b):
                     target.copy_(interpolate(a, b, alpha))
-                sums = {name: float(value) for name, value in evaluate_point().items()}
+                per_batch: list[dict[str, float]] = []
+                sums = {name: float(value) for name, value in evaluate_point(per_batch).items()}
                 point = {"alpha": alpha, **point_metrics(sums)}
-                store.put(curve, index, point, write)
+                store.put(curve, index, point, write, per_batch)
             points.append(point)
             if progress is not None:
                 progress(f"{curve} " + " ".join(f"{name}={value:.4f}" for name, value in point.items()))

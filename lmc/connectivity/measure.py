@@ -69,10 +69,16 @@ class Evaluation:
         """What this evaluation contributes to a sweep's key."""
         return {"split": self.split, "data": dict(self.data), "architecture": dict(self.architecture)}
 
-    def sums(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """The metric sums of the model's current weights over every process's batches."""
-        sums = evaluate(self.metric_sums, self.batches, device)
-        return sums if self.all_reduce is None else reduce_sums(sums, self.all_reduce)
+    def sums(self, device: torch.device, per_batch: list[dict[str, float]] | None = None) -> dict[str, torch.Tensor]:
+        """The metric sums of the model's current weights over every process's batches.
+
+        Args:
+            per_batch: Receives each batch's sums in a single process (a distributed evaluation's
+                batches are split over processes, so it records none).
+        """
+        if self.all_reduce is not None:
+            return reduce_sums(evaluate(self.metric_sums, self.batches, device), self.all_reduce)
+        return evaluate(self.metric_sums, self.batches, device, per_batch)
 
 
 def _nothing() -> None:
@@ -328,7 +334,7 @@ def measure_connectivity(
             model,
             endpoint_a,
             endpoints[curve],
-            lambda: evaluation.sums(device),
+            lambda per_batch: evaluation.sums(device, per_batch),
             alphas,
             stores[curve],
             curve,
@@ -345,12 +351,19 @@ def measure_connectivity(
     }
 
 
+#: The naive barrier (loss in nats, accuracy as a fraction) below which a pair has no barrier to
+#: remove: its ratio would be a quotient of rounding-sized numbers, so it is NaN and the pair is
+#: excluded (by name) from every mean ratio.
+NO_BARRIER = {"loss_barrier": 0.01, "accuracy_barrier": 0.01}
+
+
 def barrier_ratios(curves: dict[str, Any]) -> dict[str, float]:
-    """Aligned barrier as a percentage of the naive one (docs/spec.md, section 4); NaN without a naive barrier."""
+    """Aligned barrier as a percentage of the naive one (docs/spec.md, section 4); NaN where the naive
+    barrier is below :data:`NO_BARRIER`."""
     ratios = {}
-    for name in ("loss_barrier", "accuracy_barrier"):
+    for name, floor in NO_BARRIER.items():
         naive = curves["naive"][name]
-        ratios[name] = 100.0 * curves["aligned"][name] / naive if naive > 0 else float("nan")
+        ratios[name] = 100.0 * curves["aligned"][name] / naive if naive >= floor else float("nan")
     return ratios
 
 

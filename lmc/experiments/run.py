@@ -54,7 +54,15 @@ from lmc.experiments.summary import (
     summarize_robustness,
     write_summary,
 )
-from lmc.experiments.table1 import HEAD_ORDERS, head_orders, summarize_head_orders, sweep_head_orders
+from lmc.experiments.table1 import (
+    HEAD_ORDER_NOISE,
+    HEAD_ORDERS,
+    head_order_noise,
+    head_orders,
+    picked_orders,
+    summarize_head_orders,
+    sweep_head_orders,
+)
 from lmc.io import atomic_write, atomic_write_json, folder_lock
 from lmc.matching import AlignOptions, align
 from lmc.training.cli import instantiate_data
@@ -264,7 +272,9 @@ class Experiment:
         results = {label: sweep(options, pair / label) for label, options in zip(labels, alignments)}
         if self.protocol.head_orders:
             orders = head_orders(model_spec(module.model).attention[0])
+            picked = picked_orders(results)
             results[HEAD_ORDERS] = sweep_head_orders(orders, results, alphas, pair / "orders", sweep)
+            results[HEAD_ORDER_NOISE] = head_order_noise(results[HEAD_ORDERS], picked, pair / "orders", alphas)
         if self.protocol.robustness:
             results[ROBUSTNESS] = midpoint_robustness(
                 module.model,

@@ -20,8 +20,13 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def cell(stats: dict[str, float] | None, digits: int = 1, unit: str = "") -> str:
-    """``mean ± std`` of :func:`spread`'s statistics for a table; ``n/a`` without a finite value."""
+def cell(stats: dict[str, float] | None, digits: int = 1, unit: str = "", of: int | None = None) -> str:
+    """``mean ± std`` of :func:`spread`'s statistics for a table; ``n/a`` without a finite value.
+
+    Args:
+        of: The pairs of the table's row: a mean over fewer says how many it counts, ``(k of n)``.
+    """
     if not stats or not math.isfinite(stats["mean"]):
-        return "n/a"
-    return f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}{unit}"
+        return "n/a" if of is None else f"n/a (0 of {of})"
+    counted = "" if of is None or stats["count"] == of else f" ({stats['count']} of {of})"
+    return f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}{unit}{counted}"

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from lmc.configs import spelled
+from lmc.connectivity import NO_BARRIER
 from lmc.experiments.spread import cell
-from lmc.experiments.summary import ROBUSTNESS, robustness_table
+from lmc.experiments.summary import ROBUSTNESS, no_barrier_lines, robustness_table
 from lmc.experiments.table1 import appendix_k_section, table1_section
 from lmc.io import atomic_write, atomic_write_text, nan_for_null
 
@@ -22,8 +23,6 @@ from lmc.io import atomic_write, atomic_write_text, nan_for_null
 FIRST_LAYER_INPUTS = "first_layer_inputs.json"
 #: The processor and library of the study's last run (``lmc.experiments.study.machine``).
 MACHINE = "machine.json"
-#: A naive loss barrier (nats) below which a run has no barrier to remove.
-NO_BARRIER = 0.01
 PAPER_STRATEGIES = {
     "first_attention": "LMC after alignment",
     "all_attention": "LMC after alignment",
@@ -75,30 +74,34 @@ def _strategies(study, summaries) -> list[str]:
         "Loss and accuracy barriers of the naive and the aligned (full method) interpolation, and the "
         "aligned barrier as % of the naive one; `aligned < naive` counts the pairs whose aligned loss "
         "barrier is below the naive one; `end points` is the validation accuracy of the two end points "
-        "(alpha 0 and 1), mean over pairs. A naive loss barrier below "
-        f"{NO_BARRIER} leaves nothing to remove: its ratios are noise.",
+        "(alpha 0 and 1), mean over pairs. Every cell counts the row's `pairs`, but a ratio: a pair whose "
+        f"naive barrier is below {NO_BARRIER['loss_barrier']:g} (nats, or accuracy) has nothing to remove, so its "
+        "ratio is left out, the cell says how many pairs it counts, `(k of n)`, and the list below the table "
+        "names the pairs left out.",
         "",
         "| family | strategy | pairs | end points | naive loss barrier | aligned loss barrier | loss ratio "
         "| naive acc barrier | aligned acc barrier | acc ratio | aligned < naive | paper |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    excluded = []
     for family, strategy, summary in _runs(study, summaries):
         if "full" in summary["alignments"]:
-            entry = summary["alignments"]["full"]
+            entry, pairs = summary["alignments"]["full"], len(summary["pairs"])
             below = sum(
                 pair["aligned"]["loss_barrier"] < pair["naive"]["loss_barrier"] for pair in entry["per_pair"].values()
             )
             ends = entry["mean_curves"]["naive"]
             lines.append(
-                f"| {family.title} | {strategy} | {len(summary['pairs'])} "
+                f"| {family.title} | {strategy} | {pairs} "
                 f"| {ends[0]['accuracy']:.3f}, {ends[-1]['accuracy']:.3f} "
                 f"| {cell(entry['naive']['loss_barrier'], 3)} | {cell(entry['aligned']['loss_barrier'], 3)} "
-                f"| {cell(entry['barrier_ratio']['loss_barrier'], unit=' %')} "
+                f"| {cell(entry['barrier_ratio']['loss_barrier'], unit=' %', of=pairs)} "
                 f"| {cell(entry['naive']['accuracy_barrier'], 3)} | {cell(entry['aligned']['accuracy_barrier'], 3)} "
-                f"| {cell(entry['barrier_ratio']['accuracy_barrier'], unit=' %')} "
+                f"| {cell(entry['barrier_ratio']['accuracy_barrier'], unit=' %', of=pairs)} "
                 f"| {below}/{len(entry['per_pair'])} | {PAPER_STRATEGIES[strategy]} |"
             )
-    return lines
+            excluded += no_barrier_lines(entry, f"{family.title}, {strategy}: ")
+    return lines + ([""] + excluded if excluded else [])
 
 
 #: What issue #8 aims for: the best method's aligned loss barrier, as % of the naive one.
@@ -148,12 +151,13 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
         if not all(label in alignments for label in labels):
             continue
         ratios = {label: alignments[label]["barrier_ratio"]["loss_barrier"] for label in labels}
-        naive = alignments["full"]["naive"]["loss_barrier"]
-        if naive["mean"] < NO_BARRIER:  # nothing to remove: the ratios are noise, no method is best
-            cells, best = [cell(ratios[label]) for label in labels], None
+        naive, pairs = alignments["full"]["naive"]["loss_barrier"], len(summary["pairs"])
+        cells = [cell(ratios[label], of=pairs) for label in labels]
+        if ratios["full"]["count"] == 0:  # no pair has a barrier to remove: no method is best
+            best = None
         else:
             best = min(labels, key=lambda label: ratios[label]["mean"])
-            cells = [f"**{cell(ratios[label])}**" if label == best else cell(ratios[label]) for label in labels]
+            cells = [f"**{c}**" if label == best else c for label, c in zip(labels, cells)]
         lines.append(
             f"| {family.title} | {strategy} | {len(summary['pairs'])} | {_calibration(alignments)} "
             f"| {cell(naive, 3)} | " + " | ".join(cells) + (f" | `{best}` |" if best else " | no naive barrier |")
@@ -168,7 +172,7 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
     lines += [
         "",
         f"The best method is at or below {METHODS_TARGET:g} % in {reached} of the {rows} runs with a naive "
-        f"barrier (a mean naive loss barrier of at least {NO_BARRIER} nats).",
+        f"barrier (at least one pair with a naive loss barrier of {NO_BARRIER['loss_barrier']:g} nats or more).",
     ]
     return lines, times
 
@@ -234,45 +238,39 @@ def _first_layer_inputs(study, summaries) -> list[str]:
         lines.append(f"| {family.title} | {inputs['width']} | {inputs['rank']} | {shares} |")
         summary = summaries.get(family.name, {}).get("first_attention")
         if summary and "full" in summary["alignments"]:
-            entry = summary["alignments"]["full"]
+            entry, pairs = summary["alignments"]["full"], len(summary["pairs"])
             ratio = entry["barrier_ratio"]["loss_barrier"]
             where = (
-                "no naive barrier to remove: not comparable with the paper's 7-12 %"
-                if entry["naive"]["loss_barrier"]["mean"] < NO_BARRIER
+                "no pair has a naive barrier to remove: not comparable with the paper's 7-12 %"
+                if ratio["count"] == 0
                 else f"{_position(ratio['mean'], 7, 12)} the paper's 7-12 %"
             )
             others = [
-                f"`{label}` {cell(summary['alignments'][label]['barrier_ratio']['loss_barrier'], unit=' %')}"
+                f"`{label}` {cell(summary['alignments'][label]['barrier_ratio']['loss_barrier'], unit=' %', of=pairs)}"
                 for label in study.method_labels[1:]
                 if label in summary["alignments"]
             ]
             comparisons.append(
                 f"- {family.title}: inputs span {inputs['rank']} of {inputs['width']} dimensions; the full "
-                f"method leaves {cell(ratio, unit=' %')} of the naive loss barrier under `first_attention` ({where})"
-                + (f"; the data-aware and learned methods leave {', '.join(others)}." if others else ".")
+                f"method leaves {cell(ratio, unit=' %', of=pairs)} of the naive loss barrier under `first_attention` "
+                f"({where})" + (f"; the data-aware and learned methods leave {', '.join(others)}." if others else ".")
             )
     flat = [
-        f"{family.title} {strategy} ({summary['alignments']['full']['naive']['loss_barrier']['mean']:.3f})"
+        f"{family.title} {strategy} ({len(pairs)} of {len(summary['pairs'])} pairs)"
         for family, strategy, summary in _runs(study, summaries)
-        if "full" in summary["alignments"]
-        and summary["alignments"]["full"]["naive"]["loss_barrier"]["mean"] < NO_BARRIER
+        if "full" in summary["alignments"] and (pairs := summary["alignments"]["full"]["no_barrier"]["loss_barrier"])
     ]
     if flat:
         comparisons.append(
-            f"- No barrier to remove (naive loss barrier below {NO_BARRIER}): "
+            f"- No barrier to remove (naive loss barrier below {NO_BARRIER['loss_barrier']:g} nats): "
             + "; ".join(flat)
-            + ". Those fine-tuned "
-            "seeds are linearly connected before any alignment, so their ratios say nothing about the matcher."
+            + ". Those pairs are linearly connected before any alignment, so their ratios would say nothing "
+            "about the matcher; they are left out of every mean ratio."
         )
-    if comparisons:
-        comparisons.append(
-            "- Whether the span is the reason is tested apart (`benchmarks/input_rank/README.md`): the ViTs "
-            "trained at widths 16 and 32 with the same heads, where the same inputs fill more of the width. With "
-            "APE at width 16 they fill all of it, and the full method leaves about as much of the naive barrier "
-            "as at width 64, so the span is not what keeps the ViT from the paper's ratios. What does is open; "
-            "`learned`, which fits the path's loss inside the same group, shows that the group holds elements "
-            "that remove most of the barrier the weight objective leaves."
-        )
+    comparisons.append(
+        "- What the measurements beside this study (the input-span test, the head-order and sensitivity "
+        "studies) say about these differences is discussed, citing each run by name, in `docs/discussion.md`."
+    )
     return [*lines, "", *comparisons]
 
 

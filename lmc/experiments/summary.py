@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import shutil
 from pathlib import Path
 from typing import Any
 
-from lmc.connectivity import BARRIERS, curve_figure
+from lmc.connectivity import BARRIERS, NO_BARRIER, curve_figure
 from lmc.experiments.spread import cell, spread
 from lmc.experiments.table1 import HEAD_ORDERS, head_order_table
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text
@@ -69,6 +70,13 @@ def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -
         entry["barrier_ratio"] = {
             name: spread([r["barrier_ratio"][name] for r in results]) for name in ("loss_barrier", "accuracy_barrier")
         }
+        # The pairs whose naive barrier is below lmc.connectivity.NO_BARRIER, excluded from the ratios by name.
+        entry["no_barrier"] = {
+            name: [
+                f"{i}_{j}" for (i, j), pair in pairs.items() if not math.isfinite(pair[label]["barrier_ratio"][name])
+            ]
+            for name in ("loss_barrier", "accuracy_barrier")
+        }
         entry["per_pair"] = {
             f"{i}_{j}": {
                 "naive": {name: pair[label]["curves"]["naive"][name] for name in BARRIERS},
@@ -106,24 +114,38 @@ def _mean_curve(curves: list[list[dict[str, float]]]) -> list[dict[str, float]]:
 def summary_table(summary: dict[str, Any]) -> str:
     """The summary as a Markdown table: mean ± standard deviation over pairs."""
     lines = [
-        f"Pairs of fine-tuned seeds: {len(summary['pairs'])}. Cells: mean ± standard deviation over pairs.",
+        f"Pairs of fine-tuned seeds: {len(summary['pairs'])}. Cells: mean ± standard deviation over pairs; "
+        "a ratio counts only the pairs with a naive barrier (lmc.connectivity.NO_BARRIER) and says so when "
+        "that is fewer, `(k of n)`.",
         "",
         "| alignment | naive loss barrier | aligned loss barrier | loss ratio % | naive acc barrier "
         "| aligned acc barrier | acc ratio % |",
         "|---|---|---|---|---|---|---|",
     ]
+    pairs = len(summary["pairs"])
     for label, entry in summary["alignments"].items():
         naive, aligned, ratio = entry["naive"], entry["aligned"], entry["barrier_ratio"]
         lines.append(
             f"| {label} | {cell(naive['loss_barrier'], 3)} | {cell(aligned['loss_barrier'], 3)} "
-            f"| {cell(ratio['loss_barrier'], 1)} | {cell(naive['accuracy_barrier'], 3)} "
-            f"| {cell(aligned['accuracy_barrier'], 3)} | {cell(ratio['accuracy_barrier'], 1)} |"
+            f"| {cell(ratio['loss_barrier'], 1, of=pairs)} | {cell(naive['accuracy_barrier'], 3)} "
+            f"| {cell(aligned['accuracy_barrier'], 3)} | {cell(ratio['accuracy_barrier'], 1, of=pairs)} |"
         )
+    lines += no_barrier_lines(summary["alignments"].get("full") or next(iter(summary["alignments"].values())))
     if summary.get(HEAD_ORDERS):
         lines += ["", *head_order_table(summary[HEAD_ORDERS])]
     if summary.get(ROBUSTNESS):
         lines += ["", *robustness_table(summary[ROBUSTNESS])]
     return "\n".join(lines) + "\n"
+
+
+def no_barrier_lines(entry: dict[str, Any], prefix: str = "") -> list[str]:
+    """One line per barrier naming the pairs an alignment's ratios exclude for lack of a naive barrier."""
+    return [
+        f"- {prefix}no naive {name.replace('_', ' ')} (below {NO_BARRIER[name]:g}), excluded from its ratios: "
+        + ", ".join(pairs)
+        for name, pairs in entry.get("no_barrier", {}).items()
+        if pairs
+    ]
 
 
 def robustness_table(study: dict[str, Any]) -> list[str]:

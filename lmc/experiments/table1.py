@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lmc.connectivity.interpolation import bootstrap_barriers, recorded_batch_sums
 from lmc.experiments.protocol import RunError
 from lmc.experiments.spread import cell, spread
 from lmc.matching import AlignOptions
@@ -26,6 +27,12 @@ METRICS = {"full": "invariant", "full-metric=weight": "weight", "full-metric=cor
 PAPER_TABLE1 = {"permutation": "62-91 %", "orthogonal": "10-16 %", "full": "7-12 %"}
 #: Key of a pair's head-order sweeps (order label -> result) beside its alignments' results.
 HEAD_ORDERS = "head_orders"
+#: Key of the evaluation noise of each alignment's head order (:func:`head_order_noise`) beside them.
+HEAD_ORDER_NOISE = "head_order_noise"
+#: Bootstrap draws of the evaluated batches behind each noise estimate.
+RESAMPLES = 1000
+#: An order is told apart from another when its barrier is lower in at least this share of the draws.
+TOLD_APART = 0.975
 
 
 def rank_and_l_hat(order_barriers: dict[str, float], chosen: str, method: float, naive: float) -> tuple[int, float]:
@@ -50,19 +57,21 @@ def rank_and_l_hat(order_barriers: dict[str, float], chosen: str, method: float,
 
 def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
     """Per alignment: its Stage 1 order's rank among all head orders of the first attention layer,
-    ``L_hat`` for the loss and accuracy barriers, mean and spread over pairs (the paper's Table 1)."""
+    ``L_hat`` for the loss and accuracy barriers, mean and spread over pairs (the paper's Table 1), and
+    where measured (:func:`head_order_noise`) its gap to the best order, whether that gap exceeds the
+    evaluation noise (``ties``: the pairs where it does not) and its rank within the noise."""
     study: dict[str, Any] = {"orders": len(next(iter(pairs.values()))[HEAD_ORDERS]), "alignments": {}}
     for label in labels:
         per_pair = {}
         for (i, j), pair in pairs.items():
             result, orders = pair[label], pair[HEAD_ORDERS]
-            attention = [layer for layer in result["alignment"]["layers"] if layer["kind"] == "attention"]
-            if not attention:  # naive: no head order
+            chosen = picked_orders({label: result}).get(label)
+            if chosen is None:  # naive: no head order
                 continue
-            chosen = "".join(map(str, attention[0]["assignment"]))
             alphas = len(result["settings"]["alphas"])
             whole = sum(len(r["settings"]["alphas"]) == alphas for r in orders.values())
             entry = {"order": chosen, "whole_curves": whole}
+            noise = pair.get(HEAD_ORDER_NOISE, {}).get(label, {})
             for name in ("loss_barrier", "accuracy_barrier"):
                 barriers = {order: r["curves"]["aligned"][name] for order, r in orders.items()}
                 rank, l_hat = rank_and_l_hat(
@@ -73,6 +82,7 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
                     "l_hat": l_hat,
                     "top1": min(barriers.values()),
                     "best_order": min(barriers, key=barriers.get),
+                    **noise.get(name, {}),
                 }
             per_pair[f"{i}_{j}"] = entry
         if per_pair:
@@ -82,6 +92,12 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
                     name: {
                         "rank": spread([float(e[name]["rank"]) for e in per_pair.values()]),
                         "l_hat": spread([e[name]["l_hat"] for e in per_pair.values()]),
+                        "rank_within_noise": spread(
+                            [float(e[name].get("rank_within_noise", math.nan)) for e in per_pair.values()]
+                        ),
+                        "gap": spread([e[name].get("gap", math.nan) for e in per_pair.values()]),
+                        "ties": sum(bool(e[name].get("tie")) for e in per_pair.values()),
+                        "noise_pairs": sum("tie" in e[name] for e in per_pair.values()),
                     }
                     for name in ("loss_barrier", "accuracy_barrier")
                 },
@@ -101,6 +117,15 @@ def head_orders(layer) -> list[tuple[int, ...]]:
         for order in itertools.permutations(range(layer.num_heads))
         if all(len({head // q for head in order[g : g + q]}) == 1 for g in range(0, layer.num_heads, q))
     ]
+
+
+def picked_orders(results: dict[str, Any]) -> dict[str, str]:
+    """Alignment label -> the order (label) of the first attention layer its Stage 1 picked; naive has none."""
+    picked = {}
+    for label, result in results.items():
+        if layers := [layer for layer in result["alignment"]["layers"] if layer["kind"] == "attention"]:
+            picked[label] = "".join(map(str, layers[0]["assignment"]))
+    return picked
 
 
 def sweep_head_orders(
@@ -126,11 +151,7 @@ def sweep_head_orders(
         return {label: sweep(full[label], folder / label, figures=False) for label in labels}
     screening = [alphas[0], alphas[len(alphas) // 2], alphas[-1]]
     bounds = {label: sweep(full[label], folder / "screening" / label, screening, figures=False) for label in labels}
-    picked = {
-        "".join(map(str, layers[0]["assignment"]))
-        for result in results.values()
-        if (layers := [layer for layer in result["alignment"]["layers"] if layer["kind"] == "attention"])
-    }
+    picked = set(picked_orders(results).values())
     swept = {label: sweep(full[label], folder / label, figures=False) for label in labels if label in picked}
     worst = {
         name: max((r["curves"]["aligned"][name] for r in swept.values()), default=math.inf)
@@ -142,23 +163,82 @@ def sweep_head_orders(
     return {label: swept.get(label, bounds[label]) for label in labels}
 
 
+def head_order_noise(
+    orders: dict[str, dict[str, Any]], picked: dict[str, str], folder: Path, alphas: list[float]
+) -> dict[str, dict[str, Any]]:
+    """How far each alignment's head order is from the best one, against the noise of the evaluation data.
+
+    Every whole-curve order of :func:`sweep_head_orders` recorded its evaluated batches' sums;
+    :func:`~lmc.connectivity.interpolation.bootstrap_barriers` redraws those batches (the same draws for
+    every order), so each order's barrier has a distribution over evaluation sets of the same size.
+    An order is told apart from another where its barrier is lower in :data:`TOLD_APART` of the draws.
+
+    Args:
+        orders: :func:`sweep_head_orders`'s results (order label -> result).
+        picked: Alignment label -> the order its Stage 1 picked (a whole-curve order).
+        folder: Where :func:`sweep_head_orders` swept them.
+        alphas: The whole curves' alphas.
+
+    Returns:
+        Per alignment and barrier: ``gap`` (its order's barrier minus the best order's), ``gap_std``
+        (the gap's bootstrap standard deviation), ``tie`` (the best order is not told apart from
+        it) and ``rank_within_noise`` (1 + the orders told apart as lower). Empty when an order's
+        batches were not recorded (a distributed evaluation records none).
+    """
+    whole = {
+        label: recorded_batch_sums(folder / label / "lmc_sweep_state_0.json")
+        for label, result in orders.items()
+        if len(result["settings"]["alphas"]) == len(alphas)
+    }
+    if any(batches is None for batches in whole.values()) or not set(picked.values()) <= set(whole):
+        return {}
+    draws = bootstrap_barriers(whole, alphas, RESAMPLES)
+    noise: dict[str, dict[str, Any]] = {}
+    for label, chosen in picked.items():
+        noise[label] = {}
+        for name in ("loss_barrier", "accuracy_barrier"):
+            barriers = {order: orders[order]["curves"]["aligned"][name] for order in whole}
+            best = min(barriers, key=barriers.get)
+
+            def told_apart(lower: str) -> bool:
+                return float((draws[lower][name] < draws[chosen][name]).double().mean()) >= TOLD_APART
+
+            noise[label][name] = {
+                "gap": barriers[chosen] - barriers[best],
+                "gap_std": float((draws[chosen][name] - draws[best][name]).std()),
+                "tie": not told_apart(best),
+                "rank_within_noise": 1 + sum(told_apart(order) for order in whole),
+            }
+    return noise
+
+
 def head_order_table(study: dict[str, Any]) -> list[str]:
     """The lines of the head-order section of ``summary.md`` (:func:`summarize_head_orders`'s ``study``)."""
     lines = [
         f"Head orders of the first attention layer: all {study['orders']}, each followed by the full Stage 2. "
         "Rank 1 is the order with the lowest barrier; L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100. "
-        "Orders that cannot change a rank or L_top1 are swept at three alphas only (see lmc.experiments.table1).",
+        "Orders that cannot change a rank or L_top1 are swept at three alphas only (see lmc.experiments.table1). "
+        f"Against the noise of the evaluation data ({RESAMPLES} bootstrap draws of the evaluated batches): "
+        "`rank within noise` counts only the orders told apart as lower, and `tied with best` the pairs "
+        "whose order the best one is not told apart from.",
         "",
-        "| alignment | rank (loss) | L_hat loss % | rank (accuracy) | L_hat accuracy % |",
-        "|---|---|---|---|---|",
+        "| alignment | rank (loss) | rank within noise (loss) | tied with best (loss) | L_hat loss % "
+        "| rank (accuracy) | L_hat accuracy % |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label, entry in study["alignments"].items():
-        loss, accuracy = entry["loss_barrier"], entry["accuracy_barrier"]
+        loss, accuracy, pairs = entry["loss_barrier"], entry["accuracy_barrier"], len(entry["per_pair"])
         lines.append(
-            f"| {label} | {cell(loss['rank'], 1)} | {cell(loss['l_hat'], 1)} "
-            f"| {cell(accuracy['rank'], 1)} | {cell(accuracy['l_hat'], 1)} |"
+            f"| {label} | {cell(loss['rank'], 1)} | {cell(loss.get('rank_within_noise'), 1, of=pairs)} "
+            f"| {ties(loss)} | {cell(loss['l_hat'], 1, of=pairs)} "
+            f"| {cell(accuracy['rank'], 1)} | {cell(accuracy['l_hat'], 1, of=pairs)} |"
         )
     return lines
+
+
+def ties(stats: dict[str, Any]) -> str:
+    """``k of n`` pairs whose order is tied with the best one, ``n/a`` where no noise was measured."""
+    return f"{stats['ties']} of {stats['noise_pairs']}" if stats.get("noise_pairs") else "n/a"
 
 
 def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
@@ -169,12 +249,14 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         "Rank of the head order Stage 1 picks among all 24 orders of the first layer (each followed "
         "by the full Stage 2), `L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100`, and the "
         "aligned barrier as % of the naive one for each variant (loss barrier; accuracy in the "
-        "second table).",
+        "second table). Against the noise of the evaluation data (bootstrap draws of its batches): `within "
+        "noise` counts only the orders told apart as lower, `tied` the pairs whose order the best one is not "
+        "told apart from.",
         "",
-        "| family | pairs | rank (loss) | L_hat loss | rank (acc) | L_hat acc | "
+        "| family | pairs | rank (loss) | within noise | tied | L_hat loss | rank (acc) | L_hat acc | "
         + " | ".join(VARIANTS.values())
         + " |",
-        "|---|---|---|---|---|---|" + "---|" * len(VARIANTS),
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(VARIANTS),
     ]
     accuracy = ["", "| family | " + " | ".join(f"{v}, accuracy" for v in VARIANTS.values()) + " |"]
     accuracy.append("|---|" + "---|" * len(VARIANTS))
@@ -182,19 +264,22 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         orders = summary["head_orders"]["alignments"].get("full", {})
         loss, acc = orders.get("loss_barrier", {}), orders.get("accuracy_barrier", {})
         ratios = {label: summary["alignments"].get(label, {}).get("barrier_ratio", {}) for label in VARIANTS}
+        pairs = len(summary["pairs"])
         lines.append(
-            f"| {family.title} | {len(summary['pairs'])} | {cell(loss.get('rank'))} | {cell(loss.get('l_hat'))} "
-            f"| {cell(acc.get('rank'))} | {cell(acc.get('l_hat'))} | "
-            + " | ".join(cell(ratios[label].get("loss_barrier"), unit=" %") for label in VARIANTS)
+            f"| {family.title} | {pairs} | {cell(loss.get('rank'), of=pairs)} "
+            f"| {cell(loss.get('rank_within_noise'), of=pairs)} | {ties(loss) if loss else 'n/a'} "
+            f"| {cell(loss.get('l_hat'), of=pairs)} | {cell(acc.get('rank'), of=pairs)} "
+            f"| {cell(acc.get('l_hat'), of=pairs)} | "
+            + " | ".join(cell(ratios[label].get("loss_barrier"), unit=" %", of=pairs) for label in VARIANTS)
             + " |"
         )
         accuracy.append(
             f"| {family.title} | "
-            + " | ".join(cell(ratios[label].get("accuracy_barrier"), unit=" %") for label in VARIANTS)
+            + " | ".join(cell(ratios[label].get("accuracy_barrier"), unit=" %", of=pairs) for label in VARIANTS)
             + " |"
         )
     lines.append(
-        "| paper (ViT/BERT, 4 data sets) | 10 | low | near 0 | low | near 0 | "
+        "| paper (ViT/BERT, 4 data sets) | 10 | low | n/a | n/a | near 0 | low | near 0 | "
         + " | ".join(PAPER_TABLE1.values())
         + " |"
     )
@@ -230,8 +315,8 @@ def appendix_k_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         "Each metric's head order, followed by the full Stage 2: its rank among the 24 orders, `L_hat` and "
         "the aligned loss barrier as % of the naive one.",
         "",
-        "| family | metric | rank (loss) | L_hat loss | loss ratio | rank (acc) | L_hat acc |",
-        "|---|---|---|---|---|---|---|",
+        "| family | metric | rank (loss) | within noise | tied | L_hat loss | loss ratio | rank (acc) | L_hat acc |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for family, summary in runs:
         for label, metric in METRICS.items():
@@ -239,10 +324,11 @@ def appendix_k_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
             entry = summary["alignments"].get(label)
             if not orders or not entry:
                 continue
-            loss, acc = orders["loss_barrier"], orders["accuracy_barrier"]
-            ratio = cell(entry["barrier_ratio"]["loss_barrier"], unit=" %")
+            loss, acc, pairs = orders["loss_barrier"], orders["accuracy_barrier"], len(summary["pairs"])
+            ratio = cell(entry["barrier_ratio"]["loss_barrier"], unit=" %", of=pairs)
             lines.append(
-                f"| {family.title} | `{metric}` | {cell(loss['rank'])} | {cell(loss['l_hat'])} | {ratio} "
-                f"| {cell(acc['rank'])} | {cell(acc['l_hat'])} |"
+                f"| {family.title} | `{metric}` | {cell(loss['rank'], of=pairs)} "
+                f"| {cell(loss.get('rank_within_noise'), of=pairs)} | {ties(loss)} | {cell(loss['l_hat'], of=pairs)} "
+                f"| {ratio} | {cell(acc['rank'], of=pairs)} | {cell(acc['l_hat'], of=pairs)} |"
             )
     return lines

@@ -12,10 +12,12 @@ from torch import nn
 from lmc.connectivity.interpolation import (
     SweepStore,
     barriers,
+    bootstrap_barriers,
     evaluate,
     evenly_spaced,
     fingerprint,
     point_metrics,
+    recorded_batch_sums,
     reduce_sums,
     sweep,
 )
@@ -63,7 +65,7 @@ def test_in_place_sweep_equals_one_copy_per_alpha():
         model,
         endpoint_a,
         endpoint_b,
-        lambda: evaluate(_sums(model), _batches(), torch.device("cpu")),
+        lambda per_batch: evaluate(_sums(model), _batches(), torch.device("cpu"), per_batch),
         alphas,
         SweepStore.open(None, "k"),
         "naive",
@@ -146,11 +148,11 @@ def test_a_killed_sweep_resumes_to_the_same_results(tmp_path):
     evaluated = []
 
     def dying_after(limit):
-        def evaluate_point():
+        def evaluate_point(per_batch):
             if len(evaluated) == limit:
                 raise KeyboardInterrupt  # the job is killed mid-sweep
             evaluated.append(1)
-            return evaluate(_sums(model), _batches(), torch.device("cpu"))
+            return evaluate(_sums(model), _batches(), torch.device("cpu"), per_batch)
 
         return evaluate_point
 
@@ -168,12 +170,38 @@ def test_a_killed_sweep_resumes_to_the_same_results(tmp_path):
         fresh_model,
         endpoint_a,
         endpoint_b,
-        lambda: evaluate(_sums(fresh_model), _batches(), torch.device("cpu")),
+        lambda per_batch: evaluate(_sums(fresh_model), _batches(), torch.device("cpu"), per_batch),
         alphas,
         SweepStore.open(None, key),
         "aligned",
     )
     assert resumed == fresh
+    # The state keeps every point's per-batch sums, the resumed points' too: they add up to the point.
+    recorded = recorded_batch_sums(path)
+    assert len(recorded) == len(alphas) and all(len(batches) == len(_batches()) for batches in recorded)
+    for point, batches in zip(resumed, recorded):
+        assert sum(b["loss"] for b in batches) / sum(b["count"] for b in batches) == pytest.approx(point["loss"], 1e-12)
+
+
+def test_bootstrap_barriers_redraw_the_batches_the_same_way_for_every_curve():
+    alphas = [0.0, 0.5, 1.0]
+
+    def curve(middle: list[float]) -> list[list[dict[str, float]]]:  # 3 batches of 10 samples, loss sums
+        ends = [{"count": 10.0, "loss": 10.0, "accuracy": 9.0} for _ in middle]
+        return [ends, [{"count": 10.0, "loss": m, "accuracy": 5.0} for m in middle], ends]
+
+    draws = bootstrap_barriers({"a": curve([20.0, 30.0, 40.0]), "b": curve([25.0, 35.0, 45.0])}, alphas, 200, seed=3)
+    a, b = draws["a"]["loss_barrier"], draws["b"]["loss_barrier"]
+    # The end points lie at 1.0 and the middle at the drawn batches' mean: a barrier of mean/10 - 1.
+    assert a.shape == (200,) and float(a.min()) >= 1.0 - 1e-12 and float(a.max()) <= 3.0 + 1e-12
+    assert torch.allclose(b - a, torch.full_like(a, 0.5), atol=1e-12, rtol=0)  # paired: the same draws
+    assert torch.allclose(draws["a"]["accuracy_barrier"], torch.full_like(a, 0.4), atol=1e-12, rtol=0)
+    assert torch.equal(
+        bootstrap_barriers({"a": curve([20.0, 30.0, 40.0])}, alphas, 200, seed=3)["a"]["loss_barrier"], a
+    )
+    assert float(a.std()) > 0.1  # the draws differ: batches of 2.0, 3.0 and 4.0 nats
+    with pytest.raises(ValueError, match="same batches"):
+        bootstrap_barriers({"a": curve([20.0, 30.0]), "b": curve([25.0, 35.0, 45.0])}, alphas)
 
 
 def test_a_state_file_from_another_sweep_is_ignored(tmp_path):

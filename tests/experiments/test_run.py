@@ -18,11 +18,11 @@ import lmc.connectivity.robustness
 import lmc.experiments.run
 import lmc.experiments.table1
 from lmc.cli import main
-from lmc.connectivity import BARRIERS
-from lmc.connectivity.interpolation import barriers, evenly_spaced
+from lmc.connectivity import BARRIERS, barrier_ratios
+from lmc.connectivity.interpolation import SweepStore, barriers, evenly_spaced
 from lmc.experiments.protocol import Protocol, alignment_labels
-from lmc.experiments.spread import spread
-from lmc.experiments.summary import summarize
+from lmc.experiments.spread import cell, spread
+from lmc.experiments.summary import summarize, summary_table
 from lmc.experiments.table1 import rank_and_l_hat
 from lmc.matching import AlignOptions
 from tests.path_objective import check_learned_not_above_full, cross_entropy, record_alignments
@@ -86,10 +86,14 @@ def test_run_fits_every_seed_sweeps_every_pair_and_summarizes(finished, capsys):
             assert reference["alignment"]["options"]["method"] == label
             assert entry["per_pair"][pair]["aligned"]["loss_barrier"] == reference["curves"]["aligned"]["loss_barrier"]
         per_pair = [entry["per_pair"][pair] for pair in summary["pairs"]]
-        # A ratio is NaN exactly when the naive curve has no barrier (these runs are a few steps long).
+        # A ratio is NaN exactly when the naive curve has no barrier (these runs are a few steps long),
+        # and the summary names those pairs.
         assert all(
-            math.isfinite(p["barrier_ratio"]["loss_barrier"]) == (p["naive"]["loss_barrier"] > 0) for p in per_pair
+            math.isfinite(p["barrier_ratio"]["loss_barrier"]) == (p["naive"]["loss_barrier"] >= 0.01) for p in per_pair
         )
+        assert entry["no_barrier"]["loss_barrier"] == [
+            pair for pair in summary["pairs"] if entry["per_pair"][pair]["naive"]["loss_barrier"] < 0.01
+        ]
         ratios = [
             p["barrier_ratio"]["loss_barrier"] for p in per_pair if math.isfinite(p["barrier_ratio"]["loss_barrier"])
         ]
@@ -221,6 +225,28 @@ def test_summary_statistics_by_hand():
     assert summary["alignment_seconds"]["full"]["mean"] == 1.5
     assert summary["alignments"]["full"]["barrier_ratio"]["loss_barrier"]["mean"] == 50.0
     assert summary["alignments"]["full"]["mean_curves"]["naive"][1]["loss"] == 3.0
+    assert summary["alignments"]["full"]["no_barrier"] == {"loss_barrier": [], "accuracy_barrier": []}
+
+
+def test_pairs_without_a_naive_barrier_are_counted_and_excluded_by_name():
+    def result(naive: float, aligned: float) -> dict:
+        points = [{"alpha": a, "loss": 1.0, "accuracy": 0.5} for a in (0.0, 1.0)]
+        curves = {"naive": {"points": points, **dict.fromkeys(BARRIERS, naive)}}
+        curves["aligned"] = {"points": points, **dict.fromkeys(BARRIERS, aligned)}
+        return {"full": {"curves": curves, "barrier_ratio": barrier_ratios(curves), "alignment": {"seconds": 1.0}}}
+
+    # 0.0099 nats is below lmc.connectivity.NO_BARRIER: no barrier; 0.01 and 0.5 have one.
+    pairs = {(0, 1): result(0.5, 0.1), (0, 2): result(0.0099, 0.002), (1, 2): result(0.01, 0.005)}
+    entry = summarize(pairs, ["full"])["alignments"]["full"]
+    assert entry["no_barrier"]["loss_barrier"] == ["0_2"]
+    assert entry["barrier_ratio"]["loss_barrier"]["count"] == 2
+    assert entry["barrier_ratio"]["loss_barrier"]["mean"] == pytest.approx((20.0 + 50.0) / 2, rel=1e-12)
+    # A table cell says how many of the row's pairs a mean counts, and only when that is fewer.
+    assert cell(entry["barrier_ratio"]["loss_barrier"], of=3) == "35.0 ± 21.2 (2 of 3)"
+    assert cell(entry["naive"]["loss_barrier"], 2, of=3) == "0.17 ± 0.28"
+    assert cell(spread([math.nan]), of=3) == "n/a (0 of 3)"
+    table = summary_table(summarize(pairs, ["full"]) | {"pairs": ["0_1", "0_2", "1_2"]})
+    assert "- no naive loss barrier (below 0.01), excluded from its ratios: 0_2" in table
 
 
 def test_rank_and_l_hat_by_hand():
@@ -231,6 +257,33 @@ def test_rank_and_l_hat_by_hand():
     assert rank_and_l_hat(barriers, "0123", method=0.40, naive=1.0) == (3, pytest.approx(25.0))
     assert rank_and_l_hat(barriers, "3210", method=0.90, naive=0.90)[0] == 4
     assert math.isnan(rank_and_l_hat(barriers, "0123", method=0.3, naive=0.1)[1])  # naive below L_top1
+
+
+def test_head_order_noise_tells_orders_apart_only_beyond_the_evaluation_noise(tmp_path):
+    alphas = [0.0, 0.5, 1.0]
+    middles = {"012": [15.0] * 6, "021": [10.0, 21.0] * 3, "102": [25.0] * 6}  # loss sums of 6 batches of 10
+    orders = {}
+    for label, middle in middles.items():
+        store = SweepStore(tmp_path / label / "lmc_sweep_state_0.json", "k", {})
+        for index, batch_losses in enumerate([[10.0] * 6, middle, [10.0] * 6]):
+            batches = [{"count": 10.0, "loss": loss, "accuracy": 5.0} for loss in batch_losses]
+            point = {"alpha": alphas[index], "loss": sum(batch_losses) / 60, "accuracy": 0.5}
+            store.put("aligned", index, point, True, batches)
+        points = [store.get("aligned", index) for index in range(3)]
+        orders[label] = {"settings": {"alphas": alphas}, "curves": {"aligned": barriers(points)}}
+    noise = lmc.experiments.table1.head_order_noise(orders, {"a": "102", "b": "021"}, tmp_path, alphas)
+    # 102's barrier (1.5) is above 012's (0.5) and 021's (at most 1.1) in every draw.
+    a = noise["a"]["loss_barrier"]
+    assert a["gap"] == pytest.approx(1.0, abs=1e-12) and a["gap_std"] == pytest.approx(0.0, abs=1e-12)
+    assert not a["tie"] and a["rank_within_noise"] == 3
+    # 021 (0.55) is below 012 (0.5) in the draws with at most two of its 2.1-nat batches: about a third.
+    b = noise["b"]["loss_barrier"]
+    assert b["gap"] == pytest.approx(0.05, abs=1e-12) and b["tie"] and b["rank_within_noise"] == 1
+    assert 0.2 < b["gap_std"] < 0.3  # 0.55 nats between the batches, 6 per draw: 0.55 / sqrt(6) = 0.22
+    assert noise["b"]["accuracy_barrier"]["tie"]  # flat accuracy: every order ties
+    # Without the batches (a distributed evaluation), no noise is claimed.
+    (tmp_path / "012" / "lmc_sweep_state_0.json").unlink()
+    assert lmc.experiments.table1.head_order_noise(orders, {"a": "102"}, tmp_path, alphas) == {}
 
 
 @pytest.mark.slow
