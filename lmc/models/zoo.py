@@ -109,7 +109,7 @@ def _reference_fields(data: DataInfo) -> dict[str, Any]:
 
 
 def _gpt_fields(positions: str) -> Callable[[DataInfo], dict[str, Any]]:
-    """Decoder language models (GPT-2, Llama, Mistral, Qwen2); ``positions`` names their context-length field."""
+    """Decoder language models (GPT-2, Llama-like, GPT-NeoX); ``positions`` names their context-length field."""
 
     def fields(data: DataInfo) -> dict[str, Any]:
         _check_task("decoder language", data, ("causal_lm",))
@@ -247,6 +247,23 @@ _FAMILIES: dict[str, ModelFactory] = {
         _gpt_fields("max_position_embeddings"),
     ),
     "qwen2-tiny": _hf("Qwen2Config", "Qwen2ForCausalLM", _LLAMA_TINY, _gpt_fields("max_position_embeddings")),
+    # Pythia's layout: fused per-head QKV, half of each head rotary, parallel residual (the config's default).
+    "gpt-neox-tiny": _hf(
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=32,
+            rotary_pct=0.5,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+        _gpt_fields("max_position_embeddings"),
+    ),
     "vit-tiny": _timm("vit_tiny_patch16_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
     "rope-vit-tiny": _timm("vit_base_patch16_rope_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
     "eva02-tiny": _timm("eva02_tiny_patch14_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),

@@ -150,6 +150,7 @@ FAMILY_DATA = {
     "llama-tiny": TOKENS,
     "mistral-tiny": TOKENS,
     "qwen2-tiny": TOKENS,
+    "gpt-neox-tiny": TOKENS,
 }
 
 
