@@ -20,6 +20,9 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "ref-lm-rope-partial": ("reference-tiny", {"pe": "rope", "rope_layout": "interleaved", "rotary_fraction": 0.5}),
     "gpt2": ("gpt2-tiny", {}),
     "bert": ("bert-tiny", {}),
+    "bert-mlm": ("bert-mlm-tiny", {}),  # decoder tied to the word embeddings: the transform is on the stream
+    "bert-mlm-untied": ("bert-mlm-tiny", {"tie_word_embeddings": False}),  # the transform's units permute alone
+    "bert-pretraining": ("bert-pretraining-tiny", {}),  # masked LM and next sentence (on the tanh pooler)
     "roformer": ("roformer-tiny", {}),
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
     "mistral-swa": ("mistral-tiny", {}),  # sliding window 4 < the 16-token probe

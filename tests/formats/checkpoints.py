@@ -16,6 +16,8 @@ SPECIAL = ["[PAD]", "[UNK]", "[EOS]"]
 HF_MODELS = {
     "gpt2": ("gpt2-tiny", {}),
     "bert": ("bert-tiny", {}),
+    "bert-mlm": ("bert-mlm-tiny", {}),
+    "bert-pretraining": ("bert-pretraining-tiny", {}),
     "roformer": ("roformer-tiny", {}),
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
     "llama-gqa-tied": ("llama-tiny", {"tie_word_embeddings": True}),
