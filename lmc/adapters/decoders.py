@@ -228,8 +228,8 @@ class DecoderAdapter(CausalLMAdapter):
         if cos.shape[-1] != rotary_dim or rotary_dim % 2:
             raise UnsupportedModelError(
                 f"{layout.family} rotary width {cos.shape[-1]} != {rotary_dim} (rotary_fraction "
-                f"{fraction} of head_dim {head_dim}) is not supported: the rotated coordinates must be an even "
-                "number, the ones the rotary module turns"
+                f"{fraction} of head_dim {head_dim}) is not supported: lmc needs the rotary module to turn "
+                "exactly int(head_dim * fraction) coordinates, an even number"
             )
         pairs = rotary_pairs(layout.rope_layout, rotary_dim)
         if layout.rope_layout == "half":

@@ -140,6 +140,15 @@ def test_a_planted_pair_is_recovered_exactly(tmp_path):
         torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-12)
 
 
+def _pythia_config(folder: Path) -> None:
+    """Rewrite a GPT-NeoX folder's config.json as the Pythia checkpoints on the Hub have it (transformers 4.24)."""
+    config = json.loads((folder / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config.update(rotary_pct=rope["partial_rotary_factor"], rotary_emb_base=rope["rope_theta"])
+    config.update(torch_dtype=config.pop("dtype"), transformers_version="4.24.0")
+    (folder / "config.json").write_text(json.dumps(config))
+
+
 def test_gpt_neox_folders_are_read_by_parameter_name(tmp_path):
     """Pythia's files store lm_head.weight as embed_out.weight: read under its name, written back under the file's."""
     from lmc.adapters import random_symmetry
@@ -147,6 +156,9 @@ def test_gpt_neox_folders_are_read_by_parameter_name(tmp_path):
     source = randomize_parameters_(create_model("gpt-neox-tiny", dtype=torch.float64), seed=0)
     target = random_symmetry(source, scope="first_block", seed=3)
     source_dir, target_dir = save(source, tmp_path / "s", True), save(target, tmp_path / "t", False)
+    for folder in (source_dir, target_dir):
+        _pythia_config(folder)
+    assert lmc.formats.streamed.skeleton(source_dir).config.rope_parameters["partial_rotary_factor"] == 0.5
     report = align_directories(source_dir, target_dir, tmp_path / "out", "first_block")
     # Float64 rounding only (measured 3e-16 of the naive distance).
     assert report.distance["aligned"] < 1e-12 * report.distance["naive"]

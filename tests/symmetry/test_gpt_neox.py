@@ -34,6 +34,7 @@ from tests.architectures import FLOAT64_RTOL, relative_difference
 BROKEN = 1e-4
 # rotary_pct -> (rotated coordinates of a head of 8, dimension of H(rotary) x GL(pass-through))
 ROTARY = {0.25: (2, 2 + 6 * 6), 0.5: (4, 4 + 4 * 4), 1.0: (8, 8)}
+SAVED_NAMES = {"lm_head.weight": "embed_out.weight"}
 
 
 def neox(rotary_pct: float = 0.5, parallel: bool = True, seed: int = 0) -> nn.Module:
@@ -85,6 +86,17 @@ def test_random_elements_keep_the_function_at_every_scope(rotary_pct, parallel):
         transformed = random_symmetry(model, scope=scope, seed=1)
         # LayerNorms compute in float64: at most 7e-16 relative (measured).
         assert relative_difference(outputs(model), outputs(transformed)) < FLOAT64_RTOL, scope
+
+
+@pytest.mark.parametrize("overrides", [{"attention_bias": False}, {"tie_word_embeddings": True}])
+def test_without_biases_or_with_a_tied_head_the_group_is_the_same(overrides):
+    model = randomize_parameters_(create_model("gpt-neox-tiny", dtype=torch.float64, **overrides), seed=0)
+    layer = model_spec(model).blocks[0].attention
+    assert (layer.query_bias is None) == ("attention_bias" in overrides)
+    assert adapter_for(model).saved_names(model) == ({} if "tie_word_embeddings" in overrides else SAVED_NAMES)
+    for scope in SCOPES:
+        transformed = random_symmetry(model, scope=scope, seed=1)
+        assert relative_difference(outputs(model), outputs(transformed)) < FLOAT64_RTOL, scope  # 6e-16 measured
 
 
 def test_the_two_residual_forms_are_different_functions():
@@ -214,7 +226,7 @@ def test_an_odd_rotary_width_is_refused():
 
 def test_saved_names_map_the_head_to_the_name_in_its_files(tmp_path):
     model = neox()
-    assert adapter_for(model).saved_names(model) == {"lm_head.weight": "embed_out.weight"}
+    assert adapter_for(model).saved_names(model) == SAVED_NAMES
     model.save_pretrained(tmp_path)
     from safetensors import safe_open
 
