@@ -20,16 +20,22 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "ref-lm-rope-partial": ("reference-tiny", {"pe": "rope", "rope_layout": "interleaved", "rotary_fraction": 0.5}),
     "gpt2": ("gpt2-tiny", {}),
     "bert": ("bert-tiny", {}),
+    "bert-mlm": ("bert-mlm-tiny", {}),  # decoder tied to the word embeddings: the transform is on the stream
+    "bert-mlm-untied": ("bert-mlm-tiny", {"tie_word_embeddings": False}),  # the transform's units permute alone
+    "bert-pretraining": ("bert-pretraining-tiny", {}),  # masked LM and next sentence (on the tanh pooler)
     "roformer": ("roformer-tiny", {}),
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
     "mistral-swa": ("mistral-tiny", {}),  # sliding window 4 < the 16-token probe
     "qwen2-gqa": ("qwen2-tiny", {}),  # biases on q, k, v
+    "gpt-neox-parallel": ("gpt-neox-tiny", {}),  # fused per-head QKV, rotary_pct 0.5, parallel residual
+    "gpt-neox-sequential": ("gpt-neox-tiny", {"use_parallel_residual": False, "rotary_pct": 1.0}),
     "timm-vit": ("vit-tiny", {}),
     "timm-rope-vit": ("rope-vit-tiny", {}),
     "timm-eva02": ("eva02-tiny", {}),
 }
-DECODERS = ["llama-gqa", "mistral-swa", "qwen2-gqa"]  # lmc.adapters.decoders
-ROPE = [key for key in ARCHITECTURES if "rope" in key or key in ("roformer", "timm-eva02", *DECODERS)]
+DECODERS = ["llama-gqa", "mistral-swa", "qwen2-gqa"]  # lmc.adapters.decoders with RMSNorms
+GPT_NEOX = ["gpt-neox-parallel", "gpt-neox-sequential"]  # lmc.adapters.decoders with LayerNorms
+ROPE = [key for key in ARCHITECTURES if "rope" in key or key in ("roformer", "timm-eva02", *DECODERS, *GPT_NEOX)]
 APE = [key for key in ARCHITECTURES if key not in ROPE]
 GQA = ["ref-lm-rope-half-gqa-swiglu-rms-nobias", *DECODERS]
 

@@ -44,6 +44,13 @@ class ModelAdapter(ABC):
         output = model(**inputs)
         return output if isinstance(output, torch.Tensor) else output.logits
 
+    def saved_names(self, model: nn.Module) -> dict[str, str]:
+        """Parameters that the model's saved files store under another name: parameter -> stored name.
+
+        Read where lmc opens weight files itself (streamed alignment); empty for most models.
+        """
+        return {}
+
     def attention_input_module(self, model: nn.Module, layer: AttentionSpec) -> nn.Module:
         """The module whose first positional argument is ``layer``'s input ``x``, ``(B, T, d)`` or ``(B, d)``.
 

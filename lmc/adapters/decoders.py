@@ -1,20 +1,26 @@
 """Llama-like decoder families as data: one :class:`DecoderLayout` per family, one generic adapter.
 
-A family that differs from Llama only in names, biases, norms or the RoPE layout is a
-:class:`DecoderLayout` (where its modules sit, which projections have biases, the pair layout
-and rotary fraction) and a three-line adapter class; the symmetry spec is generic code over
-the declaration (docs/spec.md, section 2; docs/extending.md shows a declaration):
+A family that differs from Llama only in names, biases, norms, the FFN, the QKV storage or the
+RoPE layout is a :class:`DecoderLayout` (where its modules sit, which projections have biases,
+the norm kind, the pair layout and rotary fraction) and a short adapter class; the symmetry spec
+is generic code over the declaration (docs/spec.md, section 2; docs/extending.md shows one):
 
 - Llama rotates ``rotate_half`` pairs after any bias, before repeating KV heads (GQA);
 - Mistral is Llama with a sliding-window mask, which acts on positions and leaves the group
   unchanged (docs/spec.md, section 2, "Masks");
-- Qwen2 is Llama with biases on q, k and v (none on o), which move with the group.
+- Qwen2 is Llama with biases on q, k and v (none on o), which move with the group;
+- GPT-NeoX (Pythia) fuses q, k, v in one Linear, per head ``[q | k | v]``, rotates only the first
+  ``rotary_pct`` of each head's coordinates (``rotate_half`` within them), has LayerNorms with
+  biases, a GELU FFN and, by default, a parallel residual ``x + attn(ln1 x) + mlp(ln2 x)``. Both
+  residual forms have the same group: the sublayers read the stream only through norms, which
+  move with its permutation (docs/spec.md, section 2, "Partial rotary and GPT-NeoX").
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -25,6 +31,7 @@ from lmc.adapters.layout import (
     ParameterIndex,
     linear_attention,
     linear_feed_forward,
+    per_head_fused_attention,
     require_class,
     rotary_from_cos_sin,
 )
@@ -44,27 +51,38 @@ class DecoderLayout:
     exactly the declared classes or whose parameters do not match the declared biases.
 
     Attributes:
-        family: Class-name prefix: the adapter requires exactly ``<family>DecoderLayer``,
-            ``<family>Attention``, ``<family>MLP`` and ``<family>RMSNorm`` from ``module``.
+        family: Class-name prefix: the adapter requires exactly ``<family><layer_suffix>``,
+            ``<family>Attention`` and ``<family>MLP`` from ``module``, and norms of ``norm``'s class.
         module: The transformers module holding those classes.
+        layer_suffix: Class-name suffix of a decoder layer.
         layers: Path of the list of decoder layers.
         attention: Attribute of a layer holding its attention.
-        projections: Attributes of the attention's query, key, value and output ``nn.Linear``.
+        projections: Attributes of the attention's query, key, value and output ``nn.Linear``; with
+            ``fused_qkv``, of the one query-key-value Linear and the output.
+        fused_qkv: Whether one ``nn.Linear`` holds the queries, keys and values, per head
+            ``[q | k | v]`` (its rows a view ``(h, 3, d_h)``, as GPT-NeoX's ``query_key_value``).
         qkv_bias: Whether the query, key and value projections have biases.
         out_bias: Whether the output projection has a bias.
-        mlp: Attribute of a layer holding its gated FFN.
-        mlp_inputs: Attributes of the FFN's gate and up ``nn.Linear`` (they move together).
+        mlp: Attribute of a layer holding its FFN.
+        mlp_inputs: Attributes of the FFN's input ``nn.Linear``: gate and up (they move together),
+            or the one up projection of a non-gated FFN.
         mlp_output: Attribute of the FFN's down ``nn.Linear``.
         mlp_bias: Whether the FFN's Linears have biases.
-        norms: Attributes of a layer's two pre-norms (before attention, before the FFN).
+        norm: ``"rms"``: ``<family>RMSNorm`` (a gain); ``"layer"``: ``torch.nn.LayerNorm`` (gain and bias).
+        norms: Attributes of a layer's two pre-norms (before attention, before the FFN; in a
+            parallel residual both read the layer's input).
         final_norm: Path of the norm after the last layer.
         embeddings: Path of the token embedding.
         lm_head: Path of the output projection (tied to the embedding if the config says so).
+        saved_names: ``(parameter, name)`` pairs of parameters ``save_pretrained`` stores under
+            another name (GPT-NeoX's ``lm_head.weight`` is ``embed_out.weight`` in its files).
         rotary: Path of the module computing the RoPE cosines and sines, ``(1, T, rotary_dim)`` per
             coordinate in the layout's order (``cat(freqs, freqs)`` for ``half``, each angle
             twice in a row for ``interleaved``).
         rope_layout: Which head coordinates rotate together (:func:`lmc.rotary.rotary_pairs`).
-        rotary_fraction: Share of each head's coordinates that rotate (the first ones).
+        rotary_fraction: Share of each head's coordinates that rotate (the first ones), or the key
+            of the config's ``rope_parameters`` holding it (GPT-NeoX's ``partial_rotary_factor``,
+            from ``rotary_pct``); the rotary width is ``int(head_dim * fraction)``, as HF computes it.
         sliding_window: Config field of a sliding-window width, if the family has one. A window
             masks positions and leaves the group unchanged; a width of 1 is refused, since then
             queries and keys do not affect the function (docs/spec.md, section 2, "Masks").
@@ -72,29 +90,45 @@ class DecoderLayout:
 
     family: str
     module: str
+    layer_suffix: str = "DecoderLayer"
     layers: str = "model.layers"
     attention: str = "self_attn"
-    projections: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    projections: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    fused_qkv: bool = False
     qkv_bias: BiasRule = False
     out_bias: BiasRule = False
     mlp: str = "mlp"
     mlp_inputs: tuple[str, ...] = ("gate_proj", "up_proj")
     mlp_output: str = "down_proj"
     mlp_bias: BiasRule = False
+    norm: Literal["rms", "layer"] = "rms"
     norms: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
     final_norm: str = "model.norm"
     embeddings: str = "model.embed_tokens"
     lm_head: str = "lm_head"
+    saved_names: tuple[tuple[str, str], ...] = ()
     rotary: str = "model.rotary_emb"
     rope_layout: PairLayout = "half"
-    rotary_fraction: float = 1.0
+    rotary_fraction: float | str = 1.0
     sliding_window: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.projections) != (2 if self.fused_qkv else 4):
+            expected = "(qkv, output)" if self.fused_qkv else "(query, key, value, output)"
+            raise ValueError(f"{self.family}: projections must be {expected}, got {self.projections}")
+
+    @property
+    def qkv_projections(self) -> tuple[str, ...]:
+        """Attributes of the Linears computing queries, keys and values (one where fused)."""
+        return self.projections[:-1]
 
     def classes(self) -> dict[str, type[nn.Module]]:
         """The exact classes of a layer, its attention, its FFN and its norms (imports ``module``)."""
         module = importlib.import_module(self.module)
-        names = {"layer": "DecoderLayer", "attention": "Attention", "mlp": "MLP", "norm": "RMSNorm"}
-        return {role: getattr(module, f"{self.family}{suffix}") for role, suffix in names.items()}
+        names = {"layer": self.layer_suffix, "attention": "Attention", "mlp": "MLP"}
+        classes = {role: getattr(module, f"{self.family}{suffix}") for role, suffix in names.items()}
+        classes["norm"] = nn.LayerNorm if self.norm == "layer" else getattr(module, f"{self.family}RMSNorm")
+        return classes
 
 
 def _has_bias(rule: BiasRule, config: object) -> bool:
@@ -111,7 +145,8 @@ class DecoderAdapter(CausalLMAdapter):
         layout, c = self.layout, model.config
         index = ParameterIndex(model)
         self._check_storage(model, index)
-        d, h, h_kv = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
+        d, h = c.hidden_size, c.num_attention_heads
+        h_kv = getattr(c, "num_key_value_heads", None) or h  # a fused per-head QKV has no GQA
         head_dim = getattr(c, "head_dim", None) or d // h
         rotary = self._rotary(model, head_dim)
         residual = index.axes((f"{layout.embeddings}.weight", 1), (f"{layout.lm_head}.weight", 1))
@@ -119,25 +154,19 @@ class DecoderAdapter(CausalLMAdapter):
         for i in range(c.num_hidden_layers):
             p = f"{layout.layers}.{i}"
             projections = tuple(f"{p}.{layout.attention}.{x}" for x in layout.projections)
-            attention = linear_attention(
-                index,
-                f"{p}.{layout.attention}",
-                projections,
-                width=d,
-                num_heads=h,
-                num_kv_heads=h_kv,
-                head_dim=head_dim,
-                pe="rope",
-                rotary=rotary,
-            )
+            shape = dict(width=d, num_heads=h, head_dim=head_dim, pe="rope", rotary=rotary)
+            if layout.fused_qkv:
+                attention = per_head_fused_attention(index, f"{p}.{layout.attention}", *projections, **shape)
+            else:
+                attention = linear_attention(index, f"{p}.{layout.attention}", projections, num_kv_heads=h_kv, **shape)
             inputs = tuple(f"{p}.{layout.mlp}.{x}" for x in layout.mlp_inputs)
             output = f"{p}.{layout.mlp}.{layout.mlp_output}"
             feed_forward = linear_feed_forward(index, f"{p}.{layout.mlp}", inputs, output, c.intermediate_size)
             blocks.append(BlockSpec(attention, feed_forward))
             norms = [f"{p}.{norm}" for norm in layout.norms]
             residual += [axis for norm in norms for axis in index.elementwise(norm)]
-            residual += [axis for q in projections[:3] + inputs for axis in index.linear_reads(q)]
-            residual += index.linear_writes(projections[3]) + index.linear_writes(output)
+            residual += [axis for q in projections[:-1] + inputs for axis in index.linear_reads(q)]
+            residual += index.linear_writes(projections[-1]) + index.linear_writes(output)
             readers += norms
         residual += index.elementwise(layout.final_norm)
         readers.append(layout.final_norm)
@@ -147,7 +176,8 @@ class DecoderAdapter(CausalLMAdapter):
         """Refuse modules of another class and parameters the declaration does not describe."""
         layout, c = self.layout, model.config
         classes = layout.classes()
-        expected = {f"{layout.final_norm}.weight"}
+        norm_parameters = ("weight", "bias") if layout.norm == "layer" else ("weight",)
+        expected = {f"{layout.final_norm}.{x}" for x in norm_parameters}
         for i, layer in enumerate(model.get_submodule(layout.layers)):
             p = f"{layout.layers}.{i}"
             require_class(layer, (classes["layer"],), p)
@@ -155,9 +185,9 @@ class DecoderAdapter(CausalLMAdapter):
             require_class(layer.get_submodule(layout.mlp), (classes["mlp"],), f"{p}.{layout.mlp}")
             for norm in layout.norms:
                 require_class(layer.get_submodule(norm), (classes["norm"],), f"{p}.{norm}")
-                expected.add(f"{p}.{norm}.weight")
-            linears = [(f"{layout.attention}.{x}", layout.qkv_bias) for x in layout.projections[:3]]
-            linears.append((f"{layout.attention}.{layout.projections[3]}", layout.out_bias))
+                expected.update(f"{p}.{norm}.{x}" for x in norm_parameters)
+            linears = [(f"{layout.attention}.{x}", layout.qkv_bias) for x in layout.qkv_projections]
+            linears.append((f"{layout.attention}.{layout.projections[-1]}", layout.out_bias))
             linears += [(f"{layout.mlp}.{x}", layout.mlp_bias) for x in (*layout.mlp_inputs, layout.mlp_output)]
             for name, bias in linears:
                 expected.add(f"{p}.{name}.weight")
@@ -191,11 +221,15 @@ class DecoderAdapter(CausalLMAdapter):
             rotary_emb = type(rotary_emb)(model.config)
         with torch.no_grad():
             cos, sin = rotary_emb(probe, positions)  # (1, T, rotary_dim) each
-        rotary_dim = round(head_dim * layout.rotary_fraction)
-        if cos.shape[-1] != rotary_dim:
+        fraction = layout.rotary_fraction
+        if isinstance(fraction, str):
+            fraction = (model.config.rope_parameters or {}).get(fraction, 1.0)
+        rotary_dim = int(head_dim * fraction)
+        if cos.shape[-1] != rotary_dim or rotary_dim % 2:
             raise UnsupportedModelError(
                 f"{layout.family} rotary width {cos.shape[-1]} != {rotary_dim} (rotary_fraction "
-                f"{layout.rotary_fraction} of head_dim {head_dim}) is not supported"
+                f"{fraction} of head_dim {head_dim}) is not supported: lmc needs the rotary module to turn "
+                "exactly int(head_dim * fraction) coordinates, an even number"
             )
         pairs = rotary_pairs(layout.rope_layout, rotary_dim)
         if layout.rope_layout == "half":
@@ -203,6 +237,10 @@ class DecoderAdapter(CausalLMAdapter):
         else:  # interleaved: each pair's angle repeated
             cos, sin = cos[..., ::2], sin[..., ::2]
         return rotary_from_cos_sin(layout.rope_layout, pairs, cos[0], sin[0])
+
+    def saved_names(self, model: nn.Module) -> dict[str, str]:
+        parameters = dict(model.named_parameters())
+        return {parameter: name for parameter, name in self.layout.saved_names if parameter in parameters}
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         return {"input_ids": token_inputs(model.config, batch_size, generator, model.config.max_position_embeddings)}
@@ -228,4 +266,28 @@ class MistralAdapter(DecoderAdapter):
 class Qwen2Adapter(DecoderAdapter):
     layout = DecoderLayout(
         "Qwen2", "transformers.models.qwen2.modeling_qwen2", qkv_bias=True, sliding_window="sliding_window"
+    )
+
+
+@register_adapter("transformers:GPTNeoXForCausalLM")
+class GPTNeoXAdapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "GPTNeoX",
+        "transformers.models.gpt_neox.modeling_gpt_neox",
+        layer_suffix="Layer",
+        layers="gpt_neox.layers",
+        attention="attention",
+        projections=("query_key_value", "dense"),
+        fused_qkv=True,
+        qkv_bias="attention_bias",
+        out_bias="attention_bias",
+        mlp_inputs=("dense_h_to_4h",),
+        mlp_output="dense_4h_to_h",
+        mlp_bias=True,
+        norm="layer",
+        final_norm="gpt_neox.final_layer_norm",
+        embeddings="gpt_neox.embed_in",
+        saved_names=(("lm_head.weight", "embed_out.weight"),),
+        rotary="gpt_neox.rotary_emb",
+        rotary_fraction="partial_rotary_factor",
     )

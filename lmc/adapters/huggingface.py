@@ -5,6 +5,10 @@
 - BERT and RoFormer are post-norm encoders with separate ``query/key/value`` Linears;
   RoFormer rotates interleaved pairs with angles from its sinusoidal table. Their task heads
   have hidden units of their own (BERT's tanh pooler, RoFormer's classifier MLP).
+- BERT's masked-LM head (``BertForMaskedLM``, ``BertForPreTraining``: MultiBERTs) maps the
+  stream through ``dense -> act -> LayerNorm`` into a decoder tied to the word embeddings, so
+  its hidden units are residual coordinates; the pre-training model's next-sentence head reads
+  the tanh pooler, whose hidden units permute on their own.
 
 Llama-like decoders (Llama, Mistral, Qwen2) are declared as data in :mod:`lmc.adapters.decoders`.
 """
@@ -111,12 +115,14 @@ class GPT2Adapter(CausalLMAdapter):
 
 
 class _EncoderAdapter(_TokenAdapter):
-    """BERT-style post-norm encoder classifiers (BERT, RoFormer)."""
+    """BERT-style post-norm encoders (BERT, RoFormer) and their task heads."""
 
     base: str  # attribute holding the encoder, "bert" or "roformer"
-    # The task head's two Linears: the first reads the residual stream after the last layer and
-    # writes hidden units an elementwise nonlinearity acts on; the second reads those units.
-    task_head: tuple[str, str]
+    # The task head's two Linears, if any: the first reads the residual stream after the last layer
+    # and writes hidden units an elementwise nonlinearity acts on; the second reads those units.
+    task_head: tuple[str, str] | None = None
+    # Prefix of a masked-LM prediction head (transform.dense -> act -> transform.LayerNorm -> decoder), if any.
+    prediction_head: str | None = None
     fixed_parameters: tuple[str, ...] = ()  # constants stored as frozen parameters
 
     def self_attention_class(self) -> type[nn.Module]:
@@ -176,16 +182,46 @@ class _EncoderAdapter(_TokenAdapter):
             residual += index.linear_reads(f"{p}.intermediate.dense") + index.linear_writes(f"{p}.output.dense")
             residual += index.elementwise(f"{p}.output.LayerNorm")
             readers += [f"{p}.attention.output.LayerNorm", f"{p}.output.LayerNorm"]
-        first, second = self.task_head
-        residual += index.linear_reads(first)
-        head = linear_feed_forward(index, first.rsplit(".", 1)[0], (first,), second, d).hidden
+        task_heads = []
+        if self.task_head is not None:
+            first, second = self.task_head
+            residual += index.linear_reads(first)
+            task_heads.append(linear_feed_forward(index, first.rsplit(".", 1)[0], (first,), second, d).hidden)
+        if self.prediction_head is not None:
+            head_residual, head = self._prediction_head(model, index, d)
+            residual += head_residual
+            task_heads += [head] if head is not None else []
         fixed = tuple(name for name in self.fixed_parameters if index.optional(name))
         return SymmetrySpec(
             tuple(blocks),
             AxisPermutation("residual", d, tuple(residual), tuple(readers)),
             fixed=fixed,
-            task_heads=(head,),
+            task_heads=tuple(task_heads),
         )
+
+    def _prediction_head(
+        self, model: nn.Module, index: ParameterIndex, width: int
+    ) -> tuple[list[tuple[str, int]], AxisPermutation | None]:
+        """The masked-LM head's residual axes, and its hidden units if they permute on their own.
+
+        ``logits = LN(act(x W^T + b)) E^T + b_dec``: with the decoder tied to the word embeddings
+        ``E`` (whose columns are residual coordinates), the transform's outputs must permute with
+        the stream, so ``W`` permutes on both axes and the LayerNorm with them; untied, they are
+        hidden units between ``W`` and the decoder, with a permutation of their own
+        (docs/spec.md, section 2, "Beyond attention").
+        """
+        from transformers.models.bert.modeling_bert import BertLMPredictionHead, BertPredictionHeadTransform
+
+        p = self.prediction_head
+        require_class(model.get_submodule(p), (BertLMPredictionHead,), p)
+        require_class(model.get_submodule(f"{p}.transform"), (BertPredictionHeadTransform,), f"{p}.transform")
+        dense, norm, decoder = f"{p}.transform.dense", f"{p}.transform.LayerNorm", f"{p}.decoder"
+        units = index.linear_writes(dense) + index.elementwise(norm)
+        residual = index.linear_reads(dense)
+        if index.optional(f"{decoder}.weight") is None:  # tied: the decoder is the word embedding
+            return residual + units, None
+        axes = tuple(units + index.linear_reads(decoder))
+        return residual, AxisPermutation(f"{p}.transform", width, axes, readers=(decoder,), writers=(dense,))
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         c = model.config
@@ -203,6 +239,26 @@ class BertAdapter(_EncoderAdapter):
         from transformers.models.bert.modeling_bert import BertSelfAttention
 
         return BertSelfAttention
+
+
+@register_adapter("transformers:BertForMaskedLM")
+class BertForMaskedLMAdapter(BertAdapter):
+    task_head = None  # no pooler
+    prediction_head = "cls.predictions"
+
+
+@register_adapter("transformers:BertForPreTraining")
+class BertForPreTrainingAdapter(BertAdapter):
+    task_head = ("bert.pooler.dense", "cls.seq_relationship")  # dense -> tanh -> next-sentence logits
+    prediction_head = "cls.predictions"
+
+    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Both heads' logits in one tensor: the masked-LM ones flattened, then the next-sentence ones.
+
+        Shape ``(B, T * vocab_size + 2)``; a symmetry must keep both.
+        """
+        output = model(**inputs)
+        return torch.cat([output.prediction_logits.flatten(1), output.seq_relationship_logits], dim=1)
 
 
 @register_adapter("transformers:RoFormerForSequenceClassification")

@@ -89,6 +89,50 @@ def linear_attention(
     )
 
 
+def per_head_fused_attention(
+    index: ParameterIndex,
+    name: str,
+    qkv: str,
+    out: str,
+    *,
+    width: int,
+    num_heads: int,
+    head_dim: int,
+    pe: str,
+    rotary: RotaryLayout | None = None,
+) -> AttentionSpec:
+    """Attention whose one ``nn.Linear`` ``qkv`` stores per head ``[q | k | v]`` (GPT-NeoX's ``query_key_value``).
+
+    Its output rows are a view ``(num_heads, 3, head_dim)``: head ``i``'s query rows start at
+    ``3 * head_dim * i``, its key rows ``head_dim`` later, its value rows ``2 * head_dim`` later.
+    """
+    stride = 3 * head_dim
+
+    def slots(parameter: str) -> list[HeadSlot | None]:
+        present = parameter in index.shapes
+        return [HeadSlot(parameter, 0, k * head_dim, stride) if present else None for k in range(3)]
+
+    query, key, value = slots(f"{qkv}.weight")
+    query_bias, key_bias, value_bias = slots(f"{qkv}.bias")
+    return AttentionSpec(
+        name=name,
+        width=width,
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=head_dim,
+        pe=pe,
+        rotary=rotary,
+        query=query,
+        key=key,
+        value=value,
+        out=HeadSlot(f"{out}.weight", 1),
+        query_bias=query_bias,
+        key_bias=key_bias,
+        value_bias=value_bias,
+        out_bias=index.optional(f"{out}.bias"),
+    )
+
+
 def linear_feed_forward(
     index: ParameterIndex, name: str, inputs: tuple[str, ...], output: str, hidden: int
 ) -> FeedForwardSpec:

@@ -23,7 +23,15 @@ from lmc.symmetry import (
 
 #: Probe inputs per model: the relative output change is measured on this many random samples.
 PROBE_BATCH = 4
-DEFAULT_MODELS = ("rope-vit-tiny", "vit-tiny", "llama-tiny", "gpt2-tiny", "roformer-tiny", "bert-tiny")
+DEFAULT_MODELS = (
+    "rope-vit-tiny",
+    "vit-tiny",
+    "llama-tiny",
+    "gpt-neox-tiny",
+    "gpt2-tiny",
+    "roformer-tiny",
+    "bert-tiny",
+)
 
 
 def weight_change(model: nn.Module, other: nn.Module) -> float:

@@ -89,7 +89,10 @@ def model_task(model: nn.Module) -> Task:
         return "text_classification"
     if type(model).__module__.startswith("timm."):
         return "image_classification"
-    raise ValueError(f"lmc does not know which data {name} evaluates on")
+    raise ValueError(
+        f"lmc does not know which data {name} evaluates on: it measures causal LMs, text and image classifiers "
+        "(a masked LM has no lmc task); lmc align and lmc equivalent take it"
+    )
 
 
 def read_columns(path: str | Path, columns: list[str], split: str) -> dict[str, list]:

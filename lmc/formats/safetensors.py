@@ -7,6 +7,7 @@ matcher's per-layer solves take such a mapping as they take a model's parameters
 
 from __future__ import annotations
 
+import copy
 import json
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -62,6 +63,9 @@ def read_header(path: Path) -> tuple[bytes, dict]:
 class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
     """The tensors of one or several safetensors files, each read when it is looked up.
 
+    Tensors are looked up by the model's parameter names; :meth:`renamed` maps names its files
+    store otherwise (``stored`` keeps each file's own name for reading).
+
     Args:
         folder: The checkpoint's folder.
         files: Its weight files in order (the shards of a sharded checkpoint).
@@ -81,6 +85,7 @@ class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
         self.shards = [path.name for path in files]
         self.headers: dict[str, bytes] = {}
         self.entries: dict[str, TensorEntry] = {}
+        self.stored: dict[str, str] = {}  # lookup name -> name in the file, where they differ
         for shard in self.shards:
             self.headers[shard], header = read_header(self.folder / shard)
             for name, entry in header.items():
@@ -88,6 +93,20 @@ class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
                     self.entries[name] = TensorEntry(
                         shard, entry["dtype"], tuple(entry["shape"]), tuple(entry["data_offsets"])
                     )
+
+    def renamed(self, saved_names: Mapping[str, str]) -> SafetensorsCheckpoint:
+        """This checkpoint with each tensor stored as ``saved_names[parameter]`` looked up as ``parameter``.
+
+        A pair applies only where the files hold the stored name and not the parameter's, so a
+        folder saved either way reads alike. The files and their headers are unchanged.
+        """
+        view = copy.copy(self)
+        view.entries, view.stored = dict(self.entries), dict(self.stored)
+        for parameter, stored in saved_names.items():
+            if stored in view.entries and parameter not in view.entries:
+                view.entries[parameter] = view.entries.pop(stored)
+                view.stored[parameter] = self.stored.get(stored, stored)
+        return view
 
     def __getitem__(self, name: str) -> torch.Tensor:
         """Tensor ``name`` in its stored dtype, in memory of its own."""
@@ -116,11 +135,12 @@ class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
         from safetensors import SafetensorError, safe_open
 
         path = self.folder / self.entries[name].shard
+        stored = self.stored.get(name, name)
         try:
             with safe_open(str(path), framework="pt") as handle:
                 if start is None or len(self.entries[name].shape) == 0:
-                    return handle.get_tensor(name).clone()
-                return handle.get_slice(name)[start:stop].clone()
+                    return handle.get_tensor(stored).clone()
+                return handle.get_slice(stored)[start:stop].clone()
         except SafetensorError as error:
             raise CheckpointError(f"cannot read {name} from {path}: truncated or corrupted ({error})") from error
 

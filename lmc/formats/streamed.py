@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lmc.adapters import model_spec
+from lmc.adapters import adapter_for, model_spec
 from lmc.checkpoints import CheckpointError
 from lmc.connectivity.interpolation import check_alphas, interpolate
 from lmc.formats import huggingface, timm_files
@@ -357,6 +357,8 @@ def align_directories(
             f"different architectures: {source.folder} holds a {type(model).__name__}, "
             f"{target.folder} a {type(target_model).__name__}"
         )
+    saved_names = adapter_for(model).saved_names(model)  # GPT-NeoX's lm_head is embed_out in its files
+    source, target = source.renamed(saved_names), target.renamed(saved_names)
     dtype = _check_inputs(source, target, model)
     spec = model_spec(model)
     check_same_attention(spec, model_spec(target_model))

@@ -109,7 +109,7 @@ def _reference_fields(data: DataInfo) -> dict[str, Any]:
 
 
 def _gpt_fields(positions: str) -> Callable[[DataInfo], dict[str, Any]]:
-    """Decoder language models (GPT-2, Llama, Mistral, Qwen2); ``positions`` names their context-length field."""
+    """Decoder language models (GPT-2, Llama-like, GPT-NeoX); ``positions`` names their context-length field."""
 
     def fields(data: DataInfo) -> dict[str, Any]:
         _check_task("decoder language", data, ("causal_lm",))
@@ -126,6 +126,14 @@ def _encoder_fields(data: DataInfo) -> dict[str, Any]:
         "num_labels": data.num_classes,
         "max_position_embeddings": data.sequence_length,
     }
+
+
+def _masked_lm_fields(data: DataInfo) -> dict[str, Any]:
+    """BERT pre-training models (masked LM, next sentence): lmc has no such task to size them by."""
+    raise ValueError(
+        f"BERT masked-LM and pre-training models take no data set ({data.task} data given): lmc aligns and compares "
+        "them but trains and evaluates no masked-LM task; build them from their config (vocab_size=...)"
+    )
 
 
 def _timm_fields(data: DataInfo) -> dict[str, Any]:
@@ -180,6 +188,15 @@ def _timm(architecture: str, defaults: dict[str, Any]) -> ModelFactory:
 _TINY = dict(width=32, depth=2, num_heads=4)
 _PAPER = dict(width=256, depth=6, num_heads=4)  # the paper's 6-layer, 4-head ViT / BERT
 _NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+_BERT_TINY = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    vocab_size=64,
+    max_position_embeddings=32,
+    **_NO_DROPOUT,
+)
 _GPT2 = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
 _LLAMA_TINY = dict(
     hidden_size=32,
@@ -207,21 +224,10 @@ _FAMILIES: dict[str, ModelFactory] = {
         dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=32, **_GPT2),
         _gpt_fields("n_positions"),
     ),
-    "bert-tiny": _hf(
-        "BertConfig",
-        "BertForSequenceClassification",
-        dict(
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            vocab_size=64,
-            max_position_embeddings=32,
-            num_labels=4,
-            **_NO_DROPOUT,
-        ),
-        _encoder_fields,
-    ),
+    "bert-tiny": _hf("BertConfig", "BertForSequenceClassification", dict(_BERT_TINY, num_labels=4), _encoder_fields),
+    # MultiBERTs' heads: masked LM (decoder tied to the word embeddings), and with next-sentence prediction.
+    "bert-mlm-tiny": _hf("BertConfig", "BertForMaskedLM", _BERT_TINY, _masked_lm_fields),
+    "bert-pretraining-tiny": _hf("BertConfig", "BertForPreTraining", _BERT_TINY, _masked_lm_fields),
     "roformer-tiny": _hf(
         "RoFormerConfig",
         "RoFormerForSequenceClassification",
@@ -247,6 +253,23 @@ _FAMILIES: dict[str, ModelFactory] = {
         _gpt_fields("max_position_embeddings"),
     ),
     "qwen2-tiny": _hf("Qwen2Config", "Qwen2ForCausalLM", _LLAMA_TINY, _gpt_fields("max_position_embeddings")),
+    # Pythia's layout: fused per-head QKV, half of each head rotary, parallel residual (the config's default).
+    "gpt-neox-tiny": _hf(
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            vocab_size=64,
+            max_position_embeddings=32,
+            rotary_pct=0.5,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+        _gpt_fields("max_position_embeddings"),
+    ),
     "vit-tiny": _timm("vit_tiny_patch16_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
     "rope-vit-tiny": _timm("vit_base_patch16_rope_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
     "eva02-tiny": _timm("eva02_tiny_patch14_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),

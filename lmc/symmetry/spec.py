@@ -7,7 +7,8 @@ everything else (apply, sample, invert, match) is generic code over them.
 Convention (docs/spec.md, section 1): a token is a row ``x`` of width ``d`` and a layer computes
 ``x @ W``. A :class:`HeadSlot` locates the ``heads * head_dim`` entries of one projection
 inside a stored parameter, whatever its storage (``nn.Linear`` is ``out x in``, GPT-2's
-``Conv1D`` is ``in x out``, fused ``qkv`` holds three projections one after the other).
+``Conv1D`` is ``in x out``, fused ``qkv`` holds three projections one after the other, or
+GPT-NeoX's ``query_key_value`` interleaves them head by head).
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ class HeadSlot:
         parameter: Fully qualified parameter name, as in ``model.named_parameters()``.
         head_axis: Axis of that parameter holding the ``heads * head_dim`` entries, head-major.
         offset: First entry of this projection along ``head_axis`` (non-zero in fused ``qkv``).
+        stride: Entries from one head's first entry to the next one's; ``None`` for ``head_dim``
+            (heads side by side). GPT-NeoX's ``query_key_value`` stores per head ``[q | k | v]``,
+            its rows a view ``(h, 3, d_h)``: stride ``3 * d_h``, offsets ``0``, ``d_h``, ``2 * d_h``.
     """
 
     parameter: str
     head_axis: int
     offset: int = 0
+    stride: int | None = None
 
 
 @dataclass(frozen=True)

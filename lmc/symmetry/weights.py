@@ -56,16 +56,22 @@ def _head_count(spec: AttentionSpec, field_name: str) -> int:
 def _slot_view(parameter: torch.Tensor, slot: HeadSlot, count: int, head_dim: int) -> torch.Tensor:
     """A view of the slot's entries, shape ``(count, head_dim, *other_axes)``."""
     moved = parameter.movedim(slot.head_axis, 0)
-    if slot.offset + count * head_dim > moved.shape[0]:
+    stride = head_dim if slot.stride is None else slot.stride
+    if stride < head_dim:
+        raise ValueError(f"{slot.parameter}: heads {stride} entries apart would overlap; each holds {head_dim}")
+    if slot.offset + (count - 1) * stride + head_dim > moved.shape[0]:
         raise ValueError(
             f"{slot.parameter}: axis {slot.head_axis} has {moved.shape[0]} entries, "
-            f"fewer than offset {slot.offset} + {count} heads x {head_dim}"
+            f"fewer than offset {slot.offset} + {count} heads x {head_dim} at stride {stride}"
         )
-    return moved.narrow(0, slot.offset, count * head_dim).unflatten(0, (count, head_dim))
+    if stride == head_dim:
+        return moved.narrow(0, slot.offset, count * head_dim).unflatten(0, (count, head_dim))
+    # Heads apart (GPT-NeoX's per-head [q | k | v]): windows of head_dim entries, one every stride.
+    return moved.narrow(0, slot.offset, (count - 1) * stride + head_dim).unfold(0, head_dim, stride).movedim(-1, 1)
 
 
 def head_rows(parameters: Mapping[str, torch.Tensor], spec: AttentionSpec, field_name: str) -> torch.Tensor | None:
-    """A view (no copy) of one projection with each head's ``head_dim`` rows stacked.
+    """One projection with each head's ``head_dim`` rows stacked: a view (no copy) where heads sit side by side.
 
     Shape ``(heads * head_dim, d)`` for ``query``/``key``/``value`` (rows are ``W^T``) and for
     ``out`` (rows are ``W_O``), ``(heads * head_dim,)`` for biases; ``None`` if absent. Gram

@@ -166,6 +166,33 @@ def test_hugging_face_and_timm_folders_are_compared(folders, capsys):
     assert "no tolerance makes them equivalent" in reason and "lower" not in reason
 
 
+def test_pythia_folders_are_compared_with_their_residual_form(tmp_path, capsys):
+    """GPT-NeoX folders (embed_out in the files): a symmetry is equivalent; the other residual form is not."""
+    network = model("gpt-neox-tiny", {}, seed=0)
+    a = str(save_hf(network, tmp_path / "a", tokenizer=False))
+    b = str(save_hf(random_symmetry(network, scope="full_model", seed=3), tmp_path / "b", tokenizer=False))
+    assert _exit_status(["equivalent", a, b]) == 0
+    assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
+    sequential = create_model("gpt-neox-tiny", use_parallel_residual=False)
+    sequential.load_state_dict(network.state_dict())
+    assert _exit_status(["equivalent", a, str(save_hf(sequential, tmp_path / "seq", tokenizer=False))]) == 1
+    assert "config.use_parallel_residual (True in a, False in b)" in capsys.readouterr().out
+
+
+def test_multibert_folders_are_compared_with_both_heads(tmp_path, capsys):
+    """BertForPreTraining: a symmetry is equivalent; the pooler's units moved without the next-sentence head are not."""
+    network = model("bert-pretraining-tiny", {}, seed=0)
+    a = str(save_hf(network, tmp_path / "a", tokenizer=False))
+    b = str(save_hf(random_symmetry(network, scope="full_model", seed=3), tmp_path / "b", tokenizer=False))
+    assert _exit_status(["equivalent", a, b]) == 0
+    assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
+    with torch.no_grad():
+        network.bert.pooler.dense.weight.copy_(network.bert.pooler.dense.weight.roll(1, 0))
+        network.bert.pooler.dense.bias.copy_(network.bert.pooler.dense.bias.roll(1, 0))
+    assert _exit_status(["equivalent", a, str(save_hf(network, tmp_path / "c", tokenizer=False))]) == 1
+    assert "are NOT equivalent under the full_model group" in capsys.readouterr().out
+
+
 def test_bad_folder_input_is_one_line_that_leads_nowhere_else(folders, checkpoints, capsys):
     a = str(folders["a"])
     bare = str(folders["a"] / "model.safetensors")

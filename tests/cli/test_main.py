@@ -19,12 +19,14 @@ CONFIGS = Path(__file__).parents[2] / "configs"
 
 
 def test_symmetry_demo_rows_show_exact_symmetries_and_broken_near_misses(capsys):
-    rows = {row["model"]: row for row in run(("vit-tiny", "llama-tiny", "roformer-tiny"))}
+    rows = {row["model"]: row for row in run(("vit-tiny", "llama-tiny", "roformer-tiny", "gpt-neox-tiny"))}
     assert rows["vit-tiny"]["symmetry"] < 1e-12 and rows["vit-tiny"]["gl_on_qk"] < 1e-12
     assert rows["vit-tiny"]["other_h"] is None
     assert rows["roformer-tiny"]["symmetry"] < 1e-12
+    assert rows["gpt-neox-tiny"]["symmetry"] < 1e-12  # LayerNorms compute in float64
+    assert rows["gpt-neox-tiny"]["qk_group"] == "H(8) dim 20"  # 2 rotary pairs, GL(4) on the other half
     assert rows["llama-tiny"]["symmetry"] < 2e-6  # RMSNorm in float32
-    for name in ("llama-tiny", "roformer-tiny"):
+    for name in ("llama-tiny", "roformer-tiny", "gpt-neox-tiny"):
         assert rows[name]["gl_on_qk"] > 1e-4 and rows[name]["other_h"] > 1e-4
     assert all(row["weights"] > 0.5 for row in rows.values())
     assert "RoFormerForSequenceClassification" in capsys.readouterr().out

@@ -150,6 +150,7 @@ FAMILY_DATA = {
     "llama-tiny": TOKENS,
     "mistral-tiny": TOKENS,
     "qwen2-tiny": TOKENS,
+    "gpt-neox-tiny": TOKENS,
 }
 
 
@@ -174,9 +175,19 @@ def test_each_family_fits_its_output_and_inputs_to_the_data(name):
     assert logits.shape == expected
 
 
+MASKED_LM = ("bert-mlm-tiny", "bert-pretraining-tiny")  # no lmc task to size them by
+
+
 def test_every_tiny_variant_is_checked():
     """Each family has a tiny variant: a new one must show here which data it takes."""
-    assert {name for name in list_models() if name.endswith("-tiny")} == set(FAMILY_DATA)
+    assert {name for name in list_models() if name.endswith("-tiny")} == set(FAMILY_DATA) | set(MASKED_LM)
+
+
+@pytest.mark.parametrize("name", MASKED_LM)
+def test_masked_lm_models_refuse_data_they_cannot_be_trained_on(name):
+    for info in (TOKENS, TEXTS):
+        with pytest.raises(ValueError, match=f"take no data set \\({info.task} data given\\).*no masked-LM task"):
+            create_model(name, data=info)
 
 
 def test_explicit_overrides_win_over_the_data():

@@ -16,11 +16,15 @@ SPECIAL = ["[PAD]", "[UNK]", "[EOS]"]
 HF_MODELS = {
     "gpt2": ("gpt2-tiny", {}),
     "bert": ("bert-tiny", {}),
+    "bert-mlm": ("bert-mlm-tiny", {}),
+    "bert-pretraining": ("bert-pretraining-tiny", {}),
     "roformer": ("roformer-tiny", {}),
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
     "llama-gqa-tied": ("llama-tiny", {"tie_word_embeddings": True}),
     "mistral-swa": ("mistral-tiny", {}),
     "qwen2-gqa": ("qwen2-tiny", {}),
+    "gpt-neox-parallel": ("gpt-neox-tiny", {}),  # its files store lm_head.weight as embed_out.weight
+    "gpt-neox-sequential": ("gpt-neox-tiny", {"use_parallel_residual": False, "rotary_pct": 1.0}),
 }
 TIMM_MODELS = {"vit": ("vit-tiny", {}), "eva02": ("eva02-tiny", {})}
 # Functionally equal float32 models agree to float32 rounding (observed ~1e-6 relative).

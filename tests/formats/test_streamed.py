@@ -77,6 +77,10 @@ CASES = [
     ("vit-tiny", torch.float32, False, "first_block"),
     ("mistral-tiny", torch.bfloat16, True, "first_block"),
     ("qwen2-tiny", torch.bfloat16, True, "all_attention"),
+    ("bert-pretraining-tiny", torch.float32, True, "first_block"),  # MultiBERTs' heads, outside the scope
+    ("bert-mlm-tiny", torch.bfloat16, False, "all_attention"),
+    ("gpt-neox-tiny", torch.float32, True, "first_block"),  # embed_out.weight in the files is lm_head.weight
+    ("gpt-neox-tiny", torch.bfloat16, False, "all_attention"),
     ("rope-vit-tiny", torch.bfloat16, False, "all_attention"),
 ]
 
@@ -134,6 +138,41 @@ def test_a_planted_pair_is_recovered_exactly(tmp_path):
     written = type(source).from_pretrained(tmp_path / "out" / "aligned", dtype=torch.float64).state_dict()
     for parameter_name, value in target.state_dict().items():
         torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-12)
+
+
+def _pythia_config(folder: Path) -> None:
+    """Rewrite a GPT-NeoX folder's config.json as the Pythia checkpoints on the Hub have it (transformers 4.24)."""
+    config = json.loads((folder / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config.update(rotary_pct=rope["partial_rotary_factor"], rotary_emb_base=rope["rope_theta"])
+    config.update(torch_dtype=config.pop("dtype"), transformers_version="4.24.0")
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_gpt_neox_folders_are_read_by_parameter_name(tmp_path):
+    """Pythia's files store lm_head.weight as embed_out.weight: read under its name, written back under the file's."""
+    from lmc.adapters import random_symmetry
+
+    source = randomize_parameters_(create_model("gpt-neox-tiny", dtype=torch.float64), seed=0)
+    target = random_symmetry(source, scope="first_block", seed=3)
+    source_dir, target_dir = save(source, tmp_path / "s", True), save(target, tmp_path / "t", False)
+    for folder in (source_dir, target_dir):
+        _pythia_config(folder)
+    assert lmc.formats.streamed.skeleton(source_dir).config.rope_parameters["partial_rotary_factor"] == 0.5
+    report = align_directories(source_dir, target_dir, tmp_path / "out", "first_block")
+    # Float64 rounding only (measured 3e-16 of the naive distance).
+    assert report.distance["aligned"] < 1e-12 * report.distance["naive"]
+    index = json.loads((tmp_path / "out" / "aligned" / "model.safetensors.index.json").read_text())
+    assert "embed_out.weight" in index["weight_map"] and "lm_head.weight" not in index["weight_map"]
+    written = type(source).from_pretrained(tmp_path / "out" / "aligned", dtype=torch.float64).state_dict()
+    for parameter_name, value in target.state_dict().items():
+        torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-12)
+
+    with torch.no_grad():
+        target.lm_head.weight[0, 0] += 1.0  # outside the scope, under its file name
+    save(target, tmp_path / "t2", False)
+    with pytest.raises(AlignmentError, match="everything else must be identical, but lm_head.weight differs"):
+        align_directories(source_dir, tmp_path / "t2", tmp_path / "out2", "first_block")
 
 
 @pytest.fixture

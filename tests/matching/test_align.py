@@ -86,7 +86,11 @@ def test_independent_pairs_keep_the_function_and_get_closer_stage_by_stage(key, 
 
 
 # The two Linears around each task head's own nonlinearity: (writes the hidden units, reads them).
-TASK_HEADS = {"bert": ("bert.pooler.dense", "classifier"), "roformer": ("classifier.dense", "classifier.out_proj")}
+TASK_HEADS = {
+    "bert": ("bert.pooler.dense", "classifier"),
+    "bert-pretraining": ("bert.pooler.dense", "cls.seq_relationship"),  # the next-sentence head
+    "roformer": ("classifier.dense", "classifier.out_proj"),
+}
 
 
 @pytest.mark.parametrize("key", list(TASK_HEADS))

@@ -21,10 +21,15 @@ EXPECTED = {
     "ref-lm-rope-partial": ("rope", "interleaved", 4, 4, 8, "H", 4 + 16),  # 2 pairs of H, GL(4) on the rest
     "gpt2": ("absolute", None, 4, 4, 8, "GL", 64),
     "bert": ("absolute", None, 4, 4, 8, "GL", 64),
+    "bert-mlm": ("absolute", None, 4, 4, 8, "GL", 64),
+    "bert-mlm-untied": ("absolute", None, 4, 4, 8, "GL", 64),
+    "bert-pretraining": ("absolute", None, 4, 4, 8, "GL", 64),
     "roformer": ("rope", "interleaved", 4, 4, 8, "H", 8),
     "llama-gqa": ("rope", "half", 4, 2, 8, "H", 8),
     "mistral-swa": ("rope", "half", 4, 2, 8, "H", 8),  # the window masks positions, not head coordinates
     "qwen2-gqa": ("rope", "half", 4, 2, 8, "H", 8),
+    "gpt-neox-parallel": ("rope", "half", 4, 4, 8, "H", 4 + 16),  # 2 pairs of H, GL(4) on the rest
+    "gpt-neox-sequential": ("rope", "half", 4, 4, 8, "H", 8),  # every coordinate rotates
     "timm-vit": ("absolute", None, 4, 4, 8, "GL", 64),
     "timm-rope-vit": ("rope", "axial", 4, 4, 8, "H", 8),
     "timm-eva02": ("rope", "axial", 4, 4, 8, "H", 8),
