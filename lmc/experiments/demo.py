@@ -2,26 +2,44 @@
 
 For a ViT-style reference Transformer with learned absolute PE and with RoPE (paper Section 6,
 first-attention-layer re-initialization), ``lmc run``'s protocol (:mod:`lmc.experiments.run`):
-pre-train on half A of the digits' training split, fine-tune seeds on half B with the first
+pre-train on half A of the digits' training split, fine-tune five seeds on half B with the first
 attention layer re-initialized and everything else frozen, align every pair of seeds and sweep
 25 interpolation points, naive and aligned, on the validation split. The settings are the
 packaged ``configs/experiment/digits_vit_{ape,rope}.yaml`` with ``configs/protocol/main_job.yaml``,
 read from any working folder (:func:`lmc.configs.config_file`).
+
+The two encodings run side by side, one process and one thread each, with the floating-point
+kernels pinned (:data:`PINNED_KERNELS`): a processor picks its own kernels otherwise, and training
+amplifies their rounding into other models, so that two processors printed headlines several
+spreads apart (``benchmarks/demo_processors.py`` measures the shift with and without the pin).
 """
 
 from __future__ import annotations
 
-import logging
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from lmc.configs import config_file
-from lmc.experiments.protocol import experiment_cli
-from lmc.experiments.run import Experiment
+from lmc.io import nan_for_null
 
 #: The experiment config of each positional encoding.
 EXPERIMENTS = {"APE": "configs/experiment/digits_vit_ape.yaml", "RoPE": "configs/experiment/digits_vit_rope.yaml"}
 PROTOCOL = "configs/protocol/main_job.yaml"
+#: The environment of each run: one thread, and kernels every x86-64 processor with AVX2 runs
+#: alike (ATen's AVX2 kernels instead of the widest the processor has, MKL's conditional numerical
+#: reproducibility mode, oneDNN capped at AVX2), so that the demo's numbers do not depend on the
+#: processor's vendor or vector width.
+PINNED_KERNELS = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "COMPATIBLE",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
 
 
 def experiment_arguments(label: str, root: Path, epochs: int | None = None) -> list[str]:
@@ -34,26 +52,57 @@ def experiment_arguments(label: str, root: Path, epochs: int | None = None) -> l
     """
     args = ["--config", str(config_file(EXPERIMENTS[label])), "--config", str(config_file(PROTOCOL))]
     args += [f"--protocol.output_dir={root / label}", "--trainer.enable_model_summary=false"]
+    args += ["--trainer.enable_progress_bar=false"]
     if epochs is not None:
         args += [f"--protocol.pretrain.max_epochs={epochs}", f"--protocol.finetune.max_epochs={epochs}"]
     return args
 
 
-def run(output_dir: Path = Path("runs/demo"), epochs: int | None = None) -> list[dict[str, Any]]:
-    """Run the main job for APE and RoPE and print the table of barriers; returns one row per encoding."""
-    for name in ("lightning.pytorch", "lightning.fabric"):  # keep the job's own output readable
-        logging.getLogger(name).setLevel(logging.WARNING)
+class DemoError(RuntimeError):
+    """A run of the main job failed; the message names its log."""
+
+
+def run(
+    output_dir: Path = Path("runs/demo"), epochs: int | None = None, kernels: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Run the main job for APE and RoPE side by side and print the table of barriers; returns one row per encoding.
+
+    Args:
+        output_dir: Where each encoding's run goes (``<output_dir>/<PE>``, its log ``run.log`` there).
+        epochs: Pre-training and fine-tuning epochs instead of the protocol's.
+        kernels: The runs' environment settings instead of :data:`PINNED_KERNELS`.
+    """
     root = Path(output_dir)
+    environment = {**os.environ, **(PINNED_KERNELS if kernels is None else kernels)}
+    runs = {}
+    for label in EXPERIMENTS:
+        (root / label).mkdir(parents=True, exist_ok=True)
+        log = root / label / "run.log"
+        with log.open("w") as stream:
+            command = [sys.executable, "-m", "lmc", "run", *experiment_arguments(label, root, epochs)]
+            runs[label] = (subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=environment), log)
+    try:
+        for label, (process, log) in runs.items():
+            if process.wait() != 0:
+                raise DemoError(f"the main job's {label} run failed (exit status {process.returncode}): see {log}")
+    finally:
+        for process, _ in runs.values():  # one run failed or the demo was interrupted: stop the other
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     rows = []
     for label in EXPERIMENTS:
-        experiment = Experiment(experiment_cli(experiment_arguments(label, root, epochs), run=False))
-        summary = experiment.run()
-        rows.append(
-            {"label": label, "summary": summary, "results_dir": root / label, "seeds": experiment.protocol.seeds}
-        )
+        summary = nan_for_null(json.loads((root / label / "summary.json").read_text()))
+        rows.append({"label": label, "summary": summary, "results_dir": root / label, "pairs": len(summary["pairs"])})
+    print_table(rows, root)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], root: Path) -> None:
+    """The main job's table: naive and aligned barriers, and the aligned/naive loss ratio, mean ± std over pairs."""
     print()
     print("Linear mode connectivity after re-initializing the first attention layer (digits, validation split)")
-    print(f"{rows[0]['seeds']} fine-tuned seeds per encoding: mean ± std over their pairs")
+    print(f"{rows[0]['pairs']} pairs of fine-tuned seeds per encoding: mean ± std over the pairs")
     header = f"{'PE':6s} {'curve':8s} {'loss barrier':>16s} {'acc barrier':>16s} {'loss ratio %':>14s}"
     print(header)
     print("-" * len(header))
@@ -67,7 +116,8 @@ def run(output_dir: Path = Path("runs/demo"), epochs: int | None = None) -> list
                 f"{row['label']:6s} {curve:8s} {loss['mean']:8.4f} ± {loss['std']:5.3f} "
                 f"{accuracy['mean']:8.4f} ± {accuracy['std']:5.3f} {share:>14s}"
             )
+        if excluded := entry["no_barrier"]["loss_barrier"]:
+            print(f"{row['label']:6s} pairs without a naive loss barrier, left out of the ratio: {', '.join(excluded)}")
     print(f"\nTensorBoard logs: {root}/<PE>/tensorboard   (tensorboard --logdir {root})")
     for row in rows:
         print(f"Results ({row['label']}): {row['results_dir']}/summary.md (.json, .csv, figures, pairs/)")
-    return rows

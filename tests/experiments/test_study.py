@@ -104,6 +104,7 @@ def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypat
         strategy: lmc.experiments.run.alignment_labels(run.protocol.alignment_options) for strategy, run in runs.items()
     }
     table1 = ["permutation", "orthogonal", "full", "full-metric=weight", "full-metric=correlation"]
+    table1 += ["full-metric=weight-objective=data", "full-metric=activation"]  # Stage 1 settings on data
     assert labels == {
         "first_attention": table1 + study.method_labels[1:],
         "all_attention": ["full"],
@@ -190,7 +191,8 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
     assert labels in methods
     for title in ("ViT, digits, RoPE", "Llama, byte LM, RoPE (GQA 4/2)"):
         assert f"| {title} | first_attention | 1 | train, " in methods
-    assert "| ViT, digits, RoPE | first_attention | 1 | train, 64 samples |" in methods  # 2 batches of 32
+    # 2 batches of 32 (the methods) and 8 (the Table 1 run's data-aware Stage 1 settings, at their default)
+    assert "| ViT, digits, RoPE | first_attention | 1 | train, 64/256 samples |" in methods
     assert "The best method is at or below 5 % in " in methods and " runs with a naive barrier" in methods
     times = (tmp_path / "r" / "alignment_seconds.md").read_text()
     assert "| ViT, digits, RoPE | first_attention | " in times
