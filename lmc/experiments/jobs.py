@@ -14,6 +14,7 @@ changes a number: the ``local`` and ``slurm`` executors give the results of one 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import threading
@@ -22,6 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from lmc.io import atomic_write_json
 
 #: ``local``: submitit's processes on this machine; ``slurm``: sbatch jobs; ``inline``: each job
 #: called in this process, one after another (a debugger sees every job).
@@ -47,8 +50,9 @@ class Cluster:
         gpus_per_job: GPUs of each job (a fit on several GPUs runs Lightning DDP, one task per GPU).
         cpus_per_job: CPUs of each job (of each task of a multi-GPU fit).
         nodes: Nodes of each fit (DDP across nodes); alignments and sweeps use one node.
-        time_limit_min: Time limit of each job in minutes; a job that reaches it is requeued
-            (at most three times) and resumes from its stage's state.
+        time_limit_min: Time limit of each job in minutes. On SLURM a job that reaches it is
+            requeued (at most three times) and starts again from its stage's resume state: a
+            sweep from its finished points, a fit from its beginning (give a fit the time it needs).
         slurm_options: Further sbatch options without the dashes (``account``, ``qos``,
             ``constraint``, ``mem``, ...).
         folder: Where submitit writes the jobs' logs and pickles (``None``: ``<output_dir>/jobs``).
@@ -170,7 +174,7 @@ class _Body(_Checkpointable):
 def _executor(cluster: Cluster, folder: Path, job: Job):
     import submitit
 
-    tasks = max(1, cluster.gpus_per_job) if job.fit else 1
+    tasks = _tasks(cluster, job)
     common = {
         "timeout_min": cluster.time_limit_min,
         "gpus_per_node": cluster.gpus_per_job,
@@ -232,8 +236,9 @@ class _Running:
     def log(self) -> Path:
         return self.job.log or Path(self.handle.paths.stderr)
 
-    def failure(self, reason: str) -> str:
-        detail = _last_line(self.log)
+    def failure(self, reason: str, from_log: bool = True) -> str:
+        """The job named with ``reason`` and its log, with the log's last line where it tells more."""
+        detail = _last_line(self.log) if from_log else ""
         return f"{self.job.name} {reason}{': ' + detail if detail and detail not in reason else ''} (log: {self.log})"
 
 
@@ -266,6 +271,10 @@ def run_jobs(
     waiting = [job for job in jobs if not job.finished]
     running: list[_Running] = []
     failed: dict[str, str] = {}  # name -> message
+    # SLURM jobs outlive a killed command: a rerun waits for those still queued or running instead
+    # of submitting a second writer of the same stage.
+    submitted = _read_submitted(folder) if cluster.executor == "slurm" else {}
+    alive = _still_alive(folder, submitted, {job.name for job in waiting})
     results: dict[str, Any] = {}
     try:
         while waiting or running:
@@ -275,9 +284,16 @@ def run_jobs(
                 waiting.remove(job)
                 if job.log is not None:
                     job.log.parent.mkdir(parents=True, exist_ok=True)
-                handle = _executor(cluster, folder, job).submit(_Body(job.call, threads, parent))
+                handle = alive.pop(job.name, None)
+                if handle is not None:
+                    print(f"{job.name}: still queued or running on SLURM (job {handle.job_id}): waiting for it")
+                else:
+                    handle = _executor(cluster, folder, job).submit(_Body(job.call, threads, parent))
+                    print(f"{job.name}: submitted ({cluster.executor} job {handle.job_id})", flush=True)
                 running.append(_Running(job, handle))
-                print(f"{job.name}: submitted ({cluster.executor} job {handle.job_id})", flush=True)
+                if cluster.executor == "slurm":
+                    submitted[job.name] = [str(handle.job_id), _tasks(cluster, job)]
+                    atomic_write_json(folder / SUBMITTED, submitted)
             if not running:
                 break
             time.sleep(POLL_SECONDS)
@@ -289,7 +305,7 @@ def run_jobs(
                 running.remove(entry)
                 name = entry.job.name
                 if outcome == "result":
-                    results[name] = entry.handle.result()
+                    results[name] = entry.handle.results()[0]  # task 0's (every DDP rank returns)
                     done.add(name)
                     seconds = time.perf_counter() - entry.start
                     print(f"{name}: done in {seconds:.0f} s (log: {entry.log})", flush=True)
@@ -307,6 +323,33 @@ def run_jobs(
         after = f"; not run: {', '.join(stopped)}" if stopped else ""
         raise JobFailedError("; ".join(failed.values()) + after + " (rerun the command to submit only these)")
     return results
+
+
+#: The SLURM job id and task count of each job of a command (``<folder>/submitted.json``).
+SUBMITTED = "submitted.json"
+
+
+def _read_submitted(folder: Path) -> dict[str, list]:
+    path = folder / SUBMITTED
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _still_alive(folder: Path, submitted: dict[str, list], names: set[str]) -> dict[str, Any]:
+    """submitit handles of the jobs an earlier command submitted that SLURM still queues or runs."""
+    import submitit
+
+    wanted = {name: entry for name, entry in submitted.items() if name in names}
+    states = _slurm_states(job_id for job_id, _ in wanted.values())
+    return {
+        name: submitit.SlurmJob(folder, job_id, tasks=tuple(range(tasks)))
+        for name, (job_id, tasks) in wanted.items()
+        if states.get(job_id) in _SLURM_ALIVE
+    }
+
+
+def _tasks(cluster: Cluster, job: Job) -> int:
+    """Processes of a job: one per GPU for a fit (Lightning DDP), else one."""
+    return max(1, cluster.gpus_per_job) if job.fit else 1
 
 
 def _blocked(jobs: list[Job], failed: dict[str, str]) -> set[str]:
@@ -329,7 +372,8 @@ def _outcome(entry: _Running, cluster: Cluster, states: dict[str, str]) -> str |
         outcome, value = handle._get_outcome_and_result()  # the pickle holds the outcome: no sacct call
         if outcome == "success":
             return "result"
-        return entry.failure(_reason(handle))
+        reason = _reason(handle)  # an exception's own line; an exit's reason is in the log
+        return entry.failure(reason, from_log=reason.startswith("stopped with status"))
     if cluster.executor == "local":
         if handle.state in ("RUNNING", "UNKNOWN"):
             return None

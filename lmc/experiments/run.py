@@ -388,7 +388,7 @@ class Experiment:
         Raises:
             RunError: A stage folder holds another configuration's results (and not ``protocol.overwrite``).
         """
-        source = _ExperimentJob(self.parser.dump(self.config), self.protocol)
+        source = _ExperimentJob(self.parser.dump(self.config), self.config, self.protocol)
         jobs = []
         if self.protocol.pretrained is None:
             jobs.append(
@@ -443,9 +443,10 @@ class Experiment:
 
 @dataclass(frozen=True)
 class _ExperimentJob:
-    """What a job process needs to rebuild the :class:`Experiment`: its whole config and its protocol."""
+    """What a job process needs to rebuild the :class:`Experiment`: its config and its protocol."""
 
-    config: str  # the parsed experiment config as YAML
+    dump: str  # the parsed experiment config as YAML, for the job's parser
+    config: Any  # the parsed config itself: the stages' keys read it as the command parsed it
     protocol: Protocol
 
     def step(self, name: str) -> _Step:
@@ -460,5 +461,7 @@ class _Step:
     name: str
 
     def __call__(self) -> None:
-        cli = experiment_cli(["--config", self.source.config], run=False)
-        Experiment(cli, self.source.protocol).run_job(self.name)
+        experiment = Experiment(experiment_cli(["--config", self.source.dump], run=False), self.source.protocol)
+        # A dump loses where group files came from (``__path__``), which the stages' keys hold.
+        experiment.config = self.source.config
+        experiment.run_job(self.name)
