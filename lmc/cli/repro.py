@@ -34,8 +34,10 @@ def repro(
         cluster: Where the jobs run (its fields are this command's flags: --executor, --partition,
             --gpus_per_job, ...).
     """
+    from lmc.experiments.jobs import ignore_srun_hint
     from lmc.experiments.study import repro as run_study
 
+    ignore_srun_hint()
     studies = [study] if isinstance(study, Path) else list(study)
     overrides = {"output_dir": output_dir, "report": report}
     run_study(

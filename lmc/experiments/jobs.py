@@ -80,6 +80,14 @@ class Cluster:
             raise ValueError(f"cluster.gpus_per_job must be 0 or more, got {self.gpus_per_job}")
 
 
+def ignore_srun_hint() -> None:
+    """Silence Lightning's hint to start this process with ``srun`` (it warns wherever SLURM is installed):
+    ``lmc run`` and ``lmc repro`` only parse and submit here, and sbatch starts their jobs under srun."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="The `srun` command is available on your system but is not used")
+
+
 class JobFailedError(RuntimeError):
     """A job ended without its result; the message names it and its log."""
 
@@ -233,8 +241,13 @@ class _Running:
     start: float = dataclasses.field(default_factory=time.perf_counter)
 
     @property
+    def first_task(self) -> Any:
+        """The submitit Job of task 0 (rank 0 of a DDP fit; the job itself when it has one task)."""
+        return self.handle._sub_jobs[0] if self.handle._sub_jobs else self.handle
+
+    @property
     def log(self) -> Path:
-        return self.job.log or Path(self.handle.paths.stderr)
+        return self.job.log or Path(self.first_task.paths.stderr)
 
     def failure(self, reason: str, from_log: bool = True) -> str:
         """The job named with ``reason`` and its log, with the log's last line where it tells more."""
@@ -367,7 +380,7 @@ def _blocked(jobs: list[Job], failed: dict[str, str]) -> set[str]:
 
 def _outcome(entry: _Running, cluster: Cluster, states: dict[str, str]) -> str | None:
     """``"result"``, a failure message, or ``None`` while the job may still end with a result."""
-    handle = entry.handle
+    handle = entry.first_task
     if handle.paths.result_pickle.exists():
         outcome, value = handle._get_outcome_and_result()  # the pickle holds the outcome: no sacct call
         if outcome == "success":
@@ -375,9 +388,10 @@ def _outcome(entry: _Running, cluster: Cluster, states: dict[str, str]) -> str |
         reason = _reason(handle)  # an exception's own line; an exit's reason is in the log
         return entry.failure(reason, from_log=reason.startswith("stopped with status"))
     if cluster.executor == "local":
-        if handle.state in ("RUNNING", "UNKNOWN"):
+        state = entry.handle.state
+        if state in ("RUNNING", "UNKNOWN"):
             return None
-        return entry.failure(f"ended without a result ({handle.state.lower()})")
+        return entry.failure(f"ended without a result (its process {state.lower()})")
     state = states.get(str(handle.job_id))
     if state in _SLURM_ALIVE:
         return None

@@ -413,10 +413,26 @@ class Experiment:
         """
         import torch
 
+        cluster = cluster or self.cluster
         self._check_head_orders()
+        self._check_fit_tasks(cluster)
         with folder_lock(self.root, "lmc run"):
-            run_jobs(self.jobs(), cluster or self.cluster, self.root / "jobs", torch.get_num_threads())
+            run_jobs(self.jobs(), cluster, self.root / "jobs", torch.get_num_threads())
             return self._summarize()
+
+    def _check_fit_tasks(self, cluster: Cluster) -> None:
+        """Refuse a trainer that would not use the processes a fit's job starts: one per GPU on each
+        of ``cluster.nodes`` nodes, which Lightning's DDP joins only when the trainer asks for as many."""
+        if cluster.executor == "inline":
+            return
+        trainer, per_node = self.config.trainer, max(1, cluster.gpus_per_job)
+        devices_match = per_node == 1 or str(trainer.devices) in (str(per_node), "-1")
+        if trainer.num_nodes != cluster.nodes or not devices_match:
+            raise RunError(
+                f"each fit's job starts {cluster.nodes} node(s) x {per_node} process(es) (cluster.nodes, "
+                f"cluster.gpus_per_job), but the trainer asks for num_nodes {trainer.num_nodes} and devices "
+                f"{trainer.devices}: set --trainer.num_nodes {cluster.nodes} --trainer.devices {per_node} (or -1)"
+            )
 
     def _summarize(self) -> dict[str, Any]:
         protocol = self.protocol

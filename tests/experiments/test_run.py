@@ -468,3 +468,15 @@ def test_head_orders_of_a_wide_layer_are_refused_before_any_training(tmp_path, c
     path.write_text(yaml.safe_dump(config))
     assert "use at most 6 heads" in fails(["run", "--config", str(path)], capsys)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_fit_job_whose_processes_the_trainer_would_not_use_is_refused_before_any_job(tmp_path, capsys):
+    """Two GPUs per job start two DDP processes: a trainer on one device would leave one waiting."""
+    from tests.cli import fails
+
+    config = _config(tmp_path, {"executor": "local", "gpus_per_job": 2})
+    error = fails(["run", "--config", config, "--trainer.devices", "1"], capsys)
+    assert "starts 1 node(s) x 2 process(es)" in error and "--trainer.devices 2 (or -1)" in error
+    error = fails(["run", "--config", config, "--cluster.gpus_per_job", "0", "--cluster.nodes", "2"], capsys)
+    assert "num_nodes 1" in error and "--trainer.num_nodes 2" in error
+    assert not (tmp_path / "run").exists()  # refused before the folder is taken
