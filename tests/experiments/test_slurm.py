@@ -1,7 +1,8 @@
 """``lmc run`` on a real SLURM (a single node on this machine, tests/slurm.py) through submitit.
 
-One job is requeued mid-fit, as a preemption does; the run ends with the summary of the run on
-the local executor, byte for byte. ``make test`` installs SLURM (``make slurm``) and requires this
+One job is requeued mid-fit, as a preemption does; the run ends with the summary of an
+uninterrupted run in one process, byte for byte (which the local executor's run equals:
+tests/experiments/test_run.py). ``make test`` installs SLURM (``make slurm``) and requires this
 test to run (``LMC_REQUIRE_SLURM=1``); a bare ``pytest`` without SLURM skips it and says why.
 """
 
@@ -17,7 +18,7 @@ import pytest
 
 from lmc.cli import main
 from tests import slurm
-from tests.experiments.test_run import LOCAL, _config
+from tests.experiments.test_run import _config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,14 +51,15 @@ def _results(folder: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_run_on_slurm_with_a_job_requeued_mid_fit_ends_identical_to_the_local_run(
+def test_a_run_on_slurm_with_a_job_requeued_mid_fit_ends_identical_to_one_uninterrupted_process(
     cluster, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the jobs import tests.interruptions
-    for name in ("local", "slurm"):
+    for name in ("one_process", "slurm"):
         (tmp_path / name).mkdir()
-    main(["run", "--config", _config(tmp_path / "local", LOCAL, seeds=2)])
+    # The reference: an uninterrupted run in one process (the local executor's numbers, tests/experiments/test_run.py).
+    main(["run", "--config", _config(tmp_path / "one_process", seeds=2)])
 
     marker = tmp_path / "paused.json"
     on_slurm = {"executor": "slurm", "max_jobs": 2, "cpus_per_job": 1, "time_limit_min": 10}
@@ -84,5 +86,7 @@ def test_a_run_on_slurm_with_a_job_requeued_mid_fit_ends_identical_to_the_local_
     assert "Restarts=1" in cluster.command("scontrol", "show", "job", requeued[0])
     assert cluster.state(requeued[0]) == "COMPLETED"
     for name in ("summary.md", "summary.csv"):
-        assert (tmp_path / "slurm" / "run" / name).read_bytes() == (tmp_path / "local" / "run" / name).read_bytes()
-    assert _results(tmp_path / "slurm" / "run") == _results(tmp_path / "local" / "run")
+        assert (tmp_path / "slurm" / "run" / name).read_bytes() == (
+            tmp_path / "one_process" / "run" / name
+        ).read_bytes()
+    assert _results(tmp_path / "slurm" / "run") == _results(tmp_path / "one_process" / "run")
