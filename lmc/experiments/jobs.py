@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from submitit.helpers import Checkpointable
+
 from lmc.io import atomic_write_json
 
 #: ``local``: submitit's processes on this machine; ``slurm``: sbatch jobs; ``inline``: each job
@@ -163,13 +165,7 @@ def _in_job(call: Callable[[], Any], threads: int, parent: int | None) -> Any:
         raise JobExit(error.code) from None
 
 
-try:  # submitit is imported only where jobs run; a preempted job is checkpointed as itself
-    from submitit.helpers import Checkpointable as _Checkpointable
-except ImportError:  # pragma: no cover - submitit is a dependency
-    _Checkpointable = object
-
-
-class _Body(_Checkpointable):
+class _Body(Checkpointable):
     """A job's callable: on a preemption signal submitit requeues it as it was, and its stage resumes."""
 
     def __init__(self, call: Callable[[], Any], threads: int, parent: int | None):
