@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo repro repro-quick test test-fast lint format clean
+.PHONY: help install slurm demo repro repro-quick test test-fast lint format clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -17,6 +17,16 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 
 install: $(BIN)/.installed  ## Create .venv and install lmc with its pinned dependencies
 
+# The tests start a single-node SLURM on this machine (tests/slurm.py): Debian's packages, as root.
+slurm:  ## Install SLURM and munge for the tests (apt-get, Debian/Ubuntu, as root) unless present
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then \
+	  echo "slurm: slurmctld, slurmd and munged are installed"; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "make slurm: installing slurm-wlm and munge needs root and apt-get; install them, then rerun" >&2; exit 1; \
+	else \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	fi
+
 demo: install  ## The main job on the embedded default (offline, CPU)
 	$(BIN)/lmc demo
 
@@ -26,8 +36,8 @@ repro: install  ## The paper's study at small scale (lmc repro): regenerates doc
 repro-quick: install  ## The study's pipeline in its tiny form (runs/repro_quick/results.md)
 	$(BIN)/lmc repro --quick true
 
-test: install  ## Run every test (slow ones in their tiny form)
-	$(BIN)/python -m pytest
+test: install slurm  ## Run every test (slow ones in their tiny form; the SLURM test on a local cluster)
+	LMC_REQUIRE_SLURM=1 $(BIN)/python -m pytest
 
 test-fast: install  ## Run the tests not marked slow
 	$(BIN)/python -m pytest -m "not slow"

@@ -17,7 +17,7 @@ CONFIGS = Path(__file__).parents[1] / "configs"
 #: One group each (``--model FILE``, or ``model: ../model/FILE`` in an experiment).
 GROUP_FILES = ("model", "data", "trainer")
 #: Fragments of whole configs (``--config FILE``).
-FRAGMENTS = ("callbacks", "reinit", "protocol", "experiment", "debug")
+FRAGMENTS = ("callbacks", "reinit", "protocol", "cluster", "experiment", "debug")
 #: ``lmc repro``'s studies (``study:`` files) and the experiments and overlays they run.
 STUDY = "study"
 ALL = sorted(CONFIGS.rglob("*.yaml"))
@@ -118,7 +118,14 @@ def test_every_yaml_loads_and_composes_with_an_experiment(path, tmp_path, monkey
         given = [f"--{group}", str(path)]
     else:
         assert isinstance(content, dict)
-        assert {key.split(".")[0] for key in content} <= {"model", "data", "trainer", "seed_everything", "protocol"}
+        assert {key.split(".")[0] for key in content} <= {
+            "model",
+            "data",
+            "trainer",
+            "seed_everything",
+            "protocol",
+            "cluster",
+        }
         given = ["--config", str(path)]
     extra = [f"--model.pretrained={base_checkpoint}"] if group == "reinit" else []
     cli = experiment_cli(["--config", _base_for(path), *given, "--config", FAST, *extra], run=False)

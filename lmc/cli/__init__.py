@@ -66,9 +66,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from lmc.adapters import UnsupportedModelError
     from lmc.checkpoints import CheckpointError
     from lmc.data import DataUnavailableError
+    from lmc.experiments.jobs import JobFailedError
     from lmc.matching import AlignmentError
 
-    return (CheckpointError, AlignmentError, DataUnavailableError, UnsupportedModelError, ValueError, OSError)
+    errors = (CheckpointError, AlignmentError, DataUnavailableError, UnsupportedModelError, JobFailedError)
+    return (*errors, ValueError, OSError)
 
 
 def main(argv: list[str] | None = None) -> None:

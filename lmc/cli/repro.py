@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lmc.experiments.jobs import Cluster
+
 
 def repro(
     study: Path | list[Path] = [Path("configs/study/repro.yaml")],
@@ -11,28 +13,36 @@ def repro(
     jobs: int = 2,
     output_dir: Path | None = None,
     report: Path | None = None,
+    cluster: Cluster = Cluster(),
 ) -> None:
     """The paper's study at small scale: every family and strategy, Table 1, then docs/results.md.
 
-    Runs resume after a kill (finished fits and sweep points are kept). Each run computes in a worker
-    with one thread, so the numbers do not depend on --jobs.
+    Each pre-training and each run is a job: processes on this machine by default, or a SLURM cluster
+    (--executor slurm; docs/reproduction.md). Runs resume after a kill (finished fits and sweep
+    points are kept) and a rerun submits only the unfinished jobs. Each job computes with one thread,
+    so the numbers do not depend on --jobs or on where the jobs run.
 
     Args:
         study: A study config, or a list of them, later ones overriding earlier ones
             (configs/study/*.yaml; configs/... is read from the working folder, else from lmc's own).
         quick: The same pipeline in its tiny form (configs/study/quick.yaml: a few steps, 2 seeds;
             its numbers mean nothing; it writes runs/repro_quick/results.md, not docs/results.md).
-        jobs: Runs at a time (one CPU thread each).
+        jobs: Jobs at a time (one CPU thread each), unless --max_jobs says otherwise.
         output_dir: The run folders' root instead of the study's (runs/repro; runs/repro_quick with --quick).
         report: The Markdown report instead of the study's (docs/results.md; runs/repro_quick/results.md
             with --quick); its figures go into a folder of the same name without .md.
+        cluster: Where the jobs run (its fields are this command's flags: --executor, --partition,
+            --gpus_per_job, ...).
     """
+    from lmc.experiments.jobs import ignore_srun_hint
     from lmc.experiments.study import repro as run_study
 
+    ignore_srun_hint()
     studies = [study] if isinstance(study, Path) else list(study)
     overrides = {"output_dir": output_dir, "report": report}
     run_study(
         [*studies, *([Path("configs/study/quick.yaml")] if quick else [])],
         jobs=jobs,
+        cluster=cluster,
         overrides={name: str(value) for name, value in overrides.items() if value is not None},
     )

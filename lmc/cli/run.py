@@ -8,10 +8,12 @@ from typing import Any
 
 def main(argv: list[str]) -> dict[str, Any]:
     """Parse an experiment config, run its protocol and print the summary table; returns the summary."""
+    from lmc.experiments.jobs import ignore_srun_hint
     from lmc.experiments.protocol import experiment_cli
     from lmc.experiments.run import Experiment
     from lmc.experiments.summary import summary_table
 
+    ignore_srun_hint()
     cli = experiment_cli(argv, run=False)
     summary = Experiment(cli).run()
     print(summary_table(summary))

@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from lmc.connectivity import CurveSplit, check_curve_split
+from lmc.experiments.jobs import Cluster
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
 
@@ -114,11 +115,13 @@ def alignment_labels(alignments: list[AlignOptions]) -> list[str]:
 
 
 def experiment_cli(args: list[str] | None = None, run: bool = True):
-    """The LightningCLI of an experiment config: :func:`~lmc.training.cli.lightning_cli` with the ``protocol`` group.
+    """The LightningCLI of an experiment config: :func:`~lmc.training.cli.lightning_cli` with the
+    ``protocol`` group and the ``cluster`` group (where the jobs run, :class:`~lmc.experiments.jobs.Cluster`).
 
     ``lmc run`` parses with ``run=False``; ``lmc fit`` and the other single steps run a subcommand
-    and ignore the protocol.
+    and ignore both.
     """
     from lmc.training.cli import lightning_cli
 
-    return lightning_cli(args, run, {"protocol": Protocol}, "lmc run: the paper's protocol from one experiment config.")
+    groups = {"protocol": Protocol, "cluster": Cluster}
+    return lightning_cli(args, run, groups, "lmc run: the paper's protocol from one experiment config.")

@@ -7,13 +7,19 @@
    and sweep the naive and the aligned interpolation (25 points by default);
 4. summarize every barrier and barrier ratio over the pairs (mean, spread, extremes).
 
-A run folder holds everything, so a rerun after a kill skips finished fits and finished sweep
-points and ends with identical results::
+Each stage is a job (:mod:`lmc.experiments.jobs`: processes on this machine by default, or a SLURM
+cluster with ``cluster.executor slurm``): pre-training, then each seed's fine-tuning, then each
+pair's alignments and sweeps, each pair once both its seeds are trained; the summary follows in
+the command's own process. A run folder holds everything, so a rerun after a kill (of the command
+or of one job) submits only the unfinished stages, skips finished sweep points and ends with
+identical results::
 
     <output_dir>/
       pretrain/final.ckpt, seed<k>/final.ckpt   each with stage.json (its configuration key)
       pairs/<i>_<j>/<alignment>/                 lmc_results.{json,csv}, figure, sweep state
       pairs/<i>_<j>/robustness.json              with protocol.robustness: accuracy under corruptions
+      pairs/<i>_<j>/pair.pkl                     the pair's finished results (its configuration key)
+      jobs/                                      each job's log (submitit's <job id>_0_log.err, .out)
       tensorboard/                               training logs; lmc/ holds the curves
       summary.{json,csv,md}, summary_<alignment>.png
 
@@ -28,6 +34,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +53,7 @@ from lmc.connectivity import (
 )
 from lmc.connectivity.interpolation import evenly_spaced
 from lmc.connectivity.robustness import midpoint_robustness
+from lmc.experiments.jobs import Cluster, Job, run_jobs
 from lmc.experiments.protocol import Protocol, RunError, Schedule, alignment_labels, experiment_cli
 from lmc.experiments.summary import (
     ROBUSTNESS,
@@ -74,6 +82,8 @@ log = logging.getLogger(__name__)
 _COSMETIC = {"logger", "enable_progress_bar", "enable_model_summary", "log_every_n_steps", "callbacks"}
 #: Callbacks that ``lmc run`` replaces by its own checkpointing and sweeps.
 _REPLACED_CALLBACKS = ("ModelCheckpoint", "AlignAndInterpolate")
+#: Protocol fields that do not change a pair's curves (the stages' keys stand for the training).
+_NOT_OF_A_PAIR = {"output_dir", "seeds", "pretrained", "pretrain", "finetune", "overwrite"}
 
 
 def _key(*parts: object) -> str:
@@ -109,6 +119,7 @@ class Experiment:
         if protocol is not None:
             self.config = self.parser.parse_object({"protocol": dataclasses.asdict(protocol)}, self.config)
         self.protocol: Protocol = protocol or cli.config_init.protocol
+        self.cluster: Cluster = cli.config_init.get("cluster") or Cluster()
         self.root = Path(self.protocol.output_dir)
 
     # -- stages ------------------------------------------------------------------------------
@@ -195,9 +206,13 @@ class Experiment:
         if self._finished(stage):
             log.info("%s: finished earlier (%s)", stage.name, checkpoint)
             return checkpoint
-        (stage.folder(self.root) / "stage.json").unlink(missing_ok=True)
         trainer, module, datamodule = self.instantiate(stage)
+        if trainer.is_global_zero:
+            (stage.folder(self.root) / "stage.json").unlink(missing_ok=True)
         trainer.fit(module, datamodule)
+        if not trainer.is_global_zero:  # a DDP rank: takes part in the collective save, rank 0 writes
+            trainer.save_checkpoint(checkpoint, weights_only=True)
+            return checkpoint
         atomic_write(checkpoint, lambda path: trainer.save_checkpoint(path, weights_only=True))
         atomic_write_json(stage.folder(self.root) / "stage.json", {"key": stage.key, "name": stage.name})
         return checkpoint
@@ -316,31 +331,123 @@ class Experiment:
         """What the experiment's data tells its model (``DataInfo``)."""
         return instantiate_data(self.config).info
 
-    def run(self) -> dict[str, Any]:
-        """Every stage, every pair, the summary, holding the run folder's lock; returns the summary.
+    # -- the run as jobs ---------------------------------------------------------------------
+
+    def upstream(self) -> tuple[Path, str]:
+        """``(checkpoint, key)`` the fine-tunings start from: ``protocol.pretrained`` or the pre-training's."""
+        if self.protocol.pretrained is None:
+            stage = self.pretrain_stage()
+            return stage.checkpoint(self.root), stage.key
+        pretrained = Path(self.protocol.pretrained)
+        self._check_pretrained(pretrained)
+        return pretrained, _key(str(pretrained.resolve()), pretrained.stat().st_size, pretrained.stat().st_mtime_ns)
+
+    def finetune_stages(self) -> list[_Stage]:
+        """The fine-tuning stage of every seed."""
+        pretrained, upstream = self.upstream()
+        return [self.finetune_stage(seed, pretrained, upstream) for seed in range(self.protocol.seeds)]
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every pair of seeds ``i < j``."""
+        return [(i, j) for i in range(self.protocol.seeds) for j in range(i + 1, self.protocol.seeds)]
+
+    def _pair_record(self, i: int, j: int) -> Path:
+        return self.root / "pairs" / f"{i}_{j}" / "pair.pkl"
+
+    def _pair_key(self, stages: list[_Stage], i: int, j: int) -> str:
+        protocol = {k: v for k, v in dataclasses.asdict(self.protocol).items() if k not in _NOT_OF_A_PAIR}
+        return _key(stages[i].key, stages[j].key, protocol)
+
+    def _pair_outputs(self, i: int, j: int) -> list[Path]:
+        """The files a finished pair has written: each alignment's results, its robustness table."""
+        pair = self.root / "pairs" / f"{i}_{j}"
+        outputs = [pair / label / "lmc_results.json" for label in alignment_labels(self.protocol.alignment_options)]
+        return outputs + ([pair / "robustness.json"] if self.protocol.robustness else [])
+
+    def finished_pair(self, stages: list[_Stage], i: int, j: int) -> dict[str, Any] | None:
+        """The results of pair ``(i, j)`` if a job of this configuration finished it and its files are
+        all there, else ``None`` (a deleted file makes the pair a job again)."""
+        record = self._pair_record(i, j)
+        if not record.is_file() or not all(path.is_file() for path in self._pair_outputs(i, j)):
+            return None
+        saved = pickle.loads(record.read_bytes())
+        return saved["results"] if saved.get("key") == self._pair_key(stages, i, j) else None
+
+    def run_pair(self, i: int, j: int) -> dict[str, Any]:
+        """Align and sweep pair ``(i, j)`` of trained seeds and record its results (``pairs/<i>_<j>/pair.pkl``)."""
+        stages = self.finetune_stages()
+        checkpoints = [stage.checkpoint(self.root) for stage in stages]
+        results = self.sweep_pair(stages, checkpoints, i, j)
+        record = pickle.dumps({"key": self._pair_key(stages, i, j), "results": results})
+        atomic_write(self._pair_record(i, j), lambda path: path.write_bytes(record))
+        return results
+
+    def run_job(self, name: str) -> None:
+        """One job of :meth:`jobs` in this process: ``pretrain``, ``seed<k>`` or ``pair<i>_<j>``."""
+        if name == "pretrain":
+            self.fit(self.pretrain_stage())
+        elif name.startswith("seed"):
+            self.fit(self.finetune_stages()[int(name.removeprefix("seed"))])
+        else:
+            i, j = name.removeprefix("pair").split("_")
+            self.run_pair(int(i), int(j))
+
+    def jobs(self) -> list[Job]:
+        """The run's jobs with their dependencies; those finished in an earlier run say so.
+
+        Raises:
+            RunError: A stage folder holds another configuration's results (and not ``protocol.overwrite``).
+        """
+        source = _ExperimentJob(self.parser.dump(self.config), self.config, self.protocol)
+        jobs = []
+        if self.protocol.pretrained is None:
+            jobs.append(
+                Job("pretrain", source.step("pretrain"), finished=self._finished(self.pretrain_stage()), fit=True)
+            )
+        after = ("pretrain",) if self.protocol.pretrained is None else ()
+        stages = self.finetune_stages()
+        for seed, stage in enumerate(stages):
+            jobs.append(Job(stage.name, source.step(stage.name), after, finished=self._finished(stage), fit=True))
+        for i, j in self.pairs():
+            finished = self.finished_pair(stages, i, j) is not None
+            jobs.append(Job(f"pair{i}_{j}", source.step(f"pair{i}_{j}"), (stages[i].name, stages[j].name), finished))
+        return jobs
+
+    def run(self, cluster: Cluster | None = None) -> dict[str, Any]:
+        """Every stage as a job on ``cluster`` (``None``: the config's ``cluster`` group), then the summary,
+        holding the run folder's lock; returns the summary.
 
         Raises:
             FolderInUseError: Another ``lmc run`` is writing into the same folder.
+            JobFailedError: A job failed (named with its log); the jobs after it were not run.
         """
-        self._check_head_orders()
-        with folder_lock(self.root, "lmc run"):
-            return self._run()
+        import torch
 
-    def _run(self) -> dict[str, Any]:
+        cluster = cluster or self.cluster
+        self._check_head_orders()
+        self._check_fit_tasks(cluster)
+        with folder_lock(self.root, "lmc run"):
+            run_jobs(self.jobs(), cluster, self.root / "jobs", torch.get_num_threads())
+            return self._summarize()
+
+    def _check_fit_tasks(self, cluster: Cluster) -> None:
+        """Refuse a trainer that would not use the processes a fit's job starts: one per GPU on each
+        of ``cluster.nodes`` nodes, which Lightning's DDP joins only when the trainer asks for as many."""
+        if cluster.executor == "inline":
+            return
+        trainer, per_node = self.config.trainer, max(1, cluster.gpus_per_job)
+        devices_match = per_node == 1 or str(trainer.devices) in (str(per_node), "-1")
+        if trainer.num_nodes != cluster.nodes or not devices_match:
+            raise RunError(
+                f"each fit's job starts {cluster.nodes} node(s) x {per_node} process(es) (cluster.nodes, "
+                f"cluster.gpus_per_job), but the trainer asks for num_nodes {trainer.num_nodes} and devices "
+                f"{trainer.devices}: set --trainer.num_nodes {cluster.nodes} --trainer.devices {per_node} (or -1)"
+            )
+
+    def _summarize(self) -> dict[str, Any]:
         protocol = self.protocol
-        if protocol.pretrained is not None:
-            pretrained = Path(protocol.pretrained)
-            self._check_pretrained(pretrained)
-            upstream = _key(str(pretrained.resolve()), pretrained.stat().st_size, pretrained.stat().st_mtime_ns)
-        else:
-            stage = self.pretrain_stage()
-            pretrained, upstream = self.fit(stage), stage.key
-        stages = [self.finetune_stage(seed, pretrained, upstream) for seed in range(protocol.seeds)]
-        checkpoints = [self.fit(stage) for stage in stages]
-        pairs = {}
-        for i in range(protocol.seeds):
-            for j in range(i + 1, protocol.seeds):
-                pairs[(i, j)] = self.sweep_pair(stages, checkpoints, i, j)
+        stages = self.finetune_stages()
+        pairs = {(i, j): self.finished_pair(stages, i, j) for i, j in self.pairs()}
         summary = summarize(pairs, alignment_labels(protocol.alignment_options))
         if protocol.head_orders:
             summary["head_orders"] = summarize_head_orders(pairs, alignment_labels(protocol.alignment_options))
@@ -358,3 +465,29 @@ class Experiment:
         write_summary(self.root, summary)
         log_curves(self.root / "tensorboard" / "lmc", pairs, summary)
         return summary
+
+
+@dataclass(frozen=True)
+class _ExperimentJob:
+    """What a job process needs to rebuild the :class:`Experiment`: its config and its protocol."""
+
+    dump: str  # the parsed experiment config as YAML, for the job's parser
+    config: Any  # the parsed config itself: the stages' keys read it as the command parsed it
+    protocol: Protocol
+
+    def step(self, name: str) -> _Step:
+        return _Step(self, name)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One job of a run (picklable): rebuilds the experiment in its process and runs the step."""
+
+    source: _ExperimentJob
+    name: str
+
+    def __call__(self) -> None:
+        experiment = Experiment(experiment_cli(["--config", self.source.dump], run=False), self.source.protocol)
+        # A dump loses where group files came from (``__path__``), which the stages' keys hold.
+        experiment.config = self.source.config
+        experiment.run_job(self.name)

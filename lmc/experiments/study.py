@@ -8,26 +8,29 @@ order and the variants of the matcher (``configs/protocol/table1.yaml``). Each r
 :class:`~lmc.experiments.run.Experiment`, so the study resumes after a kill like ``lmc run`` does.
 :mod:`lmc.experiments.study_report` then turns the run folders into ``docs/results.md``.
 
-The pre-trainings and then the runs are spread over worker processes (``jobs``), longest first,
-each computing with one thread: the numbers do not depend on how the tasks are scheduled, and the
-same command on the same machine prints the same numbers.
+The pre-trainings and then the runs are jobs (:mod:`lmc.experiments.jobs`: processes on this
+machine by default, ``jobs`` at a time, or a SLURM cluster), longest first, each computing with one
+thread: the numbers do not depend on where or in which order the jobs run, and the same command on
+the same machine prints the same numbers. A rerun submits only the jobs that have not finished.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import io
 import os
 import sys
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmc.configs import config_file
+from lmc.experiments.jobs import Cluster, run_jobs
+from lmc.experiments.jobs import Job as SubmittedJob
+from lmc.experiments.jobs import die_with_parent as die_with_parent  # its public name here before lmc.experiments.jobs
 from lmc.experiments.protocol import Protocol, Schedule, alignment_labels, experiment_cli
 from lmc.experiments.study_report import FIRST_LAYER_INPUTS, MACHINE, write_report
 from lmc.io import atomic_write_json, folder_lock
@@ -211,7 +214,7 @@ def run_strategy(study: Study, family: Family, strategy: Scope) -> None:
     """One ``lmc run`` of one family under one strategy, from the family's pre-trained model; the
     first strategy's run also measures the first layer's inputs (:func:`first_layer_inputs`)."""
     experiment = study.experiment(family, strategy)
-    experiment.run()
+    experiment.run(Cluster(executor="inline"))  # its stages in this job, one after another
     if strategy == study.strategies[0]:
         inputs = first_layer_inputs(experiment)
         atomic_write_json(Path(study.output_dir) / family.name / FIRST_LAYER_INPUTS, inputs)
@@ -350,69 +353,88 @@ def machine() -> dict[str, Any]:
     }
 
 
-def die_with_parent(parent: int, poll_seconds: float = 0.5) -> None:
-    """End this worker process when ``parent`` is gone (killed with ``kill -9``, say), instead of
-    running on as an orphan that writes into run folders a rerun is using."""
+def finished(study: Study, task: Job) -> bool:
+    """Whether a task finished in an earlier invocation with this configuration (then it is not submitted).
 
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_seconds)
-        os._exit(1)
+    Raises:
+        RunError: A stage folder of the task holds another configuration's results.
+    """
+    if task.strategy is not None and not study.pretrained(task.family).is_file():
+        return False
+    try:  # a config its parser refuses is the job's to report, with its log
+        with contextlib.redirect_stderr(io.StringIO()):
+            experiment = study.experiment(task.family, task.strategy or study.strategies[0], task.strategy is None)
+    except SystemExit:
+        return False
+    if task.strategy is None:
+        return experiment._finished(experiment.pretrain_stage())
+    if not (experiment.root / "summary.json").is_file():
+        return False
+    inputs = Path(study.output_dir) / task.family.name / FIRST_LAYER_INPUTS
+    if task.strategy == study.strategies[0] and not inputs.is_file():
+        return False
+    return all(job.finished for job in experiment.jobs())
 
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+def _task_job(study: Study, task: Job) -> SubmittedJob:
+    after = () if task.strategy is None else (Job(task.family).name,)
+    call = _StudyTask(study, task)
+    return SubmittedJob(task.name, call, after, finished(study, task), fit=task.strategy is None, log=task.log(study))
 
 
-def run_study(study: Study, jobs: int = 2) -> dict[str, float]:
-    """Run every task of :func:`schedule` (``jobs`` at a time, one thread each); returns each
-    task's wall time in seconds, also written to ``<output_dir>/times.json``, and records the
-    :func:`machine` in ``<output_dir>/machine.json``."""
+@dataclass(frozen=True)
+class _StudyTask:
+    """A task as a job's callable (picklable): its wall time in seconds."""
+
+    study: Study
+    task: Job
+
+    def __call__(self) -> float:
+        return _run_logged(self.study, self.task)
+
+
+def run_study(study: Study, jobs: int = 2, cluster: Cluster | None = None) -> dict[str, float]:
+    """Run every task of :func:`schedule` not finished earlier as a job on ``cluster`` (``None``:
+    processes on this machine), ``jobs`` at a time unless ``cluster.max_jobs`` says otherwise, one
+    thread each; returns each run task's wall time in seconds, also written to
+    ``<output_dir>/times.json``, and records the :func:`machine` in ``<output_dir>/machine.json``.
+
+    Raises:
+        JobFailedError: A task failed (named with its log); the tasks after it were not run.
+    """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     with folder_lock(study.output_dir, "lmc repro"):  # two studies never write one folder at once
         atomic_write_json(Path(study.output_dir) / MACHINE, machine())
-        waiting, running, times = schedule(study), {}, {}
-        pretrained: set[str] = set()
-        context = get_context("spawn")  # a fresh interpreter: no state shared with the parent
-        workers = ProcessPoolExecutor(jobs, context, initializer=die_with_parent, initargs=(os.getpid(),))
-        with workers as pool:
-            while waiting or running:
-                ready = [task for task in waiting if task.strategy is None or task.family.name in pretrained]
-                for task in ready[: jobs - len(running)]:
-                    waiting.remove(task)
-                    running[pool.submit(_run_logged, study, task)] = task
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    task = running.pop(future)
-                    try:
-                        times[task.name] = future.result()
-                    except SystemExit as error:  # a config the task's parser refused: its message is in the log
-                        log = task.log(study)
-                        lines = log.read_text().strip().splitlines() or ["(empty log)"]
-                        raise ValueError(
-                            f"{task.name} stopped with status {error.code}: {lines[-1].strip()} (log: {log})"
-                        ) from None
-                    if task.strategy is None:
-                        pretrained.add(task.family.name)
-                    print(f"{task.name}: done in {times[task.name]:.0f} s (log: {task.log(study)})")
+        submitted = [_task_job(study, task) for task in schedule(study)]
+        folder = Path(study.output_dir) / "jobs"
+        times = run_jobs(submitted, cluster or Cluster(), folder, THREADS, default_max_jobs=jobs)
         atomic_write_json(Path(study.output_dir) / "times.json", times)
     return times
 
 
-def repro(paths: list[str | Path], jobs: int = 2, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def repro(
+    paths: list[str | Path],
+    jobs: int = 2,
+    overrides: dict[str, Any] | None = None,
+    cluster: Cluster | None = None,
+) -> dict[str, Any]:
     """Run a study and write its report; returns the report's data.
 
     Args:
         paths: Study configs, later ones overriding earlier ones.
-        jobs: Runs at a time.
+        jobs: Runs at a time (unless ``cluster.max_jobs`` is given).
         overrides: :class:`Study` fields set over the configs' (``output_dir``, ``report``).
+        cluster: Where the jobs run (``None``: processes on this machine).
     """
     study = load_study(paths)
     if overrides:
         study = dataclasses.replace(study, **overrides)
     start = time.perf_counter()
-    times = run_study(study, jobs)
+    times = run_study(study, jobs, cluster)
     data = write_report(study, [str(path) for path in paths])
     wall, work = time.perf_counter() - start, sum(times.values())
-    print(f"study finished in {wall:.0f} s ({work:.0f} s of work) with {jobs} workers x {THREADS} thread")
+    at_once = (cluster.max_jobs if cluster and cluster.max_jobs else None) or jobs
+    print(f"study finished in {wall:.0f} s ({work:.0f} s of work) with {at_once} jobs at a time x {THREADS} thread")
     print(f"wrote {study.report}")
     return {"times": times, **data}

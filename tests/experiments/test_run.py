@@ -28,8 +28,9 @@ from lmc.matching import AlignOptions
 from tests.path_objective import check_learned_not_above_full, cross_entropy, record_alignments
 
 
-def _config(tmp_path, **protocol) -> str:
-    """A tiny experiment: the tiny reference ViT on digits, a few steps per stage."""
+def _config(tmp_path, cluster: dict | None = None, callbacks: list | None = None, **protocol) -> str:
+    """A tiny experiment: the tiny reference ViT on digits, a few steps per stage; its jobs in the
+    test's process (monkeypatches reach them) unless ``cluster`` says otherwise."""
     config = {
         "seed_everything": 0,
         "model": {"model": "reference-vit-tiny", "model_config": {"pe": "rope"}, "lr": 3e-3},
@@ -42,7 +43,9 @@ def _config(tmp_path, **protocol) -> str:
             "num_sanity_val_steps": 0,
             "enable_progress_bar": False,
             "enable_model_summary": False,
+            **({"callbacks": callbacks} if callbacks else {}),
         },
+        "cluster": cluster or {"executor": "inline"},
         "protocol": {
             "output_dir": str(tmp_path / "run"),
             "seeds": 3,
@@ -62,10 +65,14 @@ def _summary(tmp_path) -> dict:
     return summary
 
 
+#: Jobs as processes on this machine, two at a time: lmc run's default executor.
+LOCAL = {"executor": "local", "max_jobs": 2}
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("experiment")
-    main(["run", "--config", _config(tmp_path)])
+    main(["run", "--config", _config(tmp_path, LOCAL)])
     return tmp_path
 
 
@@ -130,6 +137,49 @@ def test_a_killed_run_resumes_without_refitting_and_ends_identical(finished, tmp
     monkeypatch.setattr(lightning.Trainer, "fit", lambda self, *args, **kwargs: fits.append(args))
     main(["run", "--config", config])
     assert fits == []  # every stage had finished before the kill
+    assert _summary(tmp_path)["alignments"] == _summary(finished)["alignments"]
+
+
+def test_a_job_killed_mid_fit_stops_its_pairs_and_a_rerun_submits_only_what_is_missing(
+    finished, tmp_path, capsys, monkeypatch
+):
+    """Local jobs: seed 1's process is killed mid-fit; the run names it with its log, its pairs never
+    start, pair 0_2 finishes; the rerun submits seed 1 and its pairs only and ends identical."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from tests.cli import fails
+
+    for stage in ("pretrain", "seed0", "seed2"):  # trained: seed 1 and the pairs are left
+        shutil.copytree(finished / "run" / stage, tmp_path / "run" / stage)
+    marker = tmp_path / "paused.json"
+    pause = [{"class_path": "tests.interruptions.PauseOnce", "init_args": {"marker": str(marker), "stage": "seed1"}}]
+    config = _config(tmp_path, LOCAL, pause)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[2]))  # the jobs import tests.interruptions
+
+    def kill_when_paused() -> None:
+        deadline = time.monotonic() + 180
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(json.loads(marker.read_text())["pid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_paused)
+    killer.start()
+    error = fails(["run", "--config", config], capsys)
+    killer.join()
+    assert error.startswith("lmc: error: seed1 ended without a result") and "(log: " in error, error
+    log = Path(error.split("(log: ")[1].split(")")[0])
+    assert log.is_file() and log.parent == tmp_path / "run" / "jobs"
+    assert "not run: pair0_1, pair1_2" in error
+    assert (tmp_path / "run" / "pairs" / "0_2" / "pair.pkl").is_file()  # a pair without seed 1 finished
+
+    main(["run", "--config", config])
+    submitted = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if ": submitted (" in line]
+    assert sorted(submitted) == ["pair0_1", "pair1_2", "seed1"]
+    for name in ("summary.md", "summary.csv"):
+        assert (tmp_path / "run" / name).read_bytes() == (finished / "run" / name).read_bytes()
     assert _summary(tmp_path)["alignments"] == _summary(finished)["alignments"]
 
 
@@ -471,3 +521,15 @@ def test_head_orders_of_a_wide_layer_are_refused_before_any_training(tmp_path, c
     path.write_text(yaml.safe_dump(config))
     assert "use at most 6 heads" in fails(["run", "--config", str(path)], capsys)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_fit_job_whose_processes_the_trainer_would_not_use_is_refused_before_any_job(tmp_path, capsys):
+    """Two GPUs per job start two DDP processes: a trainer on one device would leave one waiting."""
+    from tests.cli import fails
+
+    config = _config(tmp_path, {"executor": "local", "gpus_per_job": 2})
+    error = fails(["run", "--config", config, "--trainer.devices", "1"], capsys)
+    assert "starts 1 node(s) x 2 process(es)" in error and "--trainer.devices 2 (or -1)" in error
+    error = fails(["run", "--config", config, "--cluster.gpus_per_job", "0", "--cluster.nodes", "2"], capsys)
+    assert "num_nodes 1" in error and "--trainer.num_nodes 2" in error
+    assert not (tmp_path / "run").exists()  # refused before the folder is taken

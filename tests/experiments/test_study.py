@@ -70,14 +70,19 @@ def test_a_run_parses_its_configs_once_and_is_given_its_protocol_as_an_object(mo
 
     monkeypatch.setattr(lmc.experiments.protocol, "experiment_cli", counted)
     monkeypatch.setattr(lmc.experiments.study, "experiment_cli", counted, raising=False)
-    monkeypatch.setattr(
-        lmc.experiments.run.Experiment, "run", lambda self: protocols.update({self.protocol.reinit: self})
-    )
+    clusters = []
+
+    def run(self, cluster=None):
+        protocols[self.protocol.reinit] = self
+        clusters.append(cluster)
+
+    monkeypatch.setattr(lmc.experiments.run.Experiment, "run", run)
     monkeypatch.setattr(lmc.experiments.study, "first_layer_inputs", lambda experiment: {})
     family = study.families[2]
     for strategy in study.strategies:
         lmc.experiments.study.run_strategy(study, family, strategy)
     assert len(parsed) == len(study.strategies)  # one parse per run
+    assert {cluster.executor for cluster in clusters} == {"inline"}  # a run's stages stay in its job
     assert not [arg for args in parsed for arg in args if arg.startswith("--protocol.")]
     full = protocols["full_model"]
     assert full.protocol.finetune.max_epochs == full.protocol.pretrain.max_epochs == 30
@@ -96,7 +101,9 @@ def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypat
         "learned",
     ]
     runs = {}
-    monkeypatch.setattr(lmc.experiments.run.Experiment, "run", lambda self: runs.update({self.protocol.reinit: self}))
+    monkeypatch.setattr(
+        lmc.experiments.run.Experiment, "run", lambda self, cluster=None: runs.update({self.protocol.reinit: self})
+    )
     monkeypatch.setattr(lmc.experiments.study, "first_layer_inputs", lambda experiment: {})
     for strategy in study.strategies:
         lmc.experiments.study.run_strategy(study, study.families[0], strategy)  # a Table 1 family
@@ -253,24 +260,23 @@ def test_a_study_reads_the_packaged_configs_from_any_working_folder(monkeypatch,
 
 
 ORPHAN_SCRIPT = """
-import os, sys, time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
-from lmc.experiments.study import die_with_parent
+import functools, os, sys, time
+from pathlib import Path
+from lmc.experiments.jobs import Cluster, Job, run_jobs
 
 def report_pid_then_sleep(path):
     open(path, "w").write(str(os.getpid()))
     time.sleep(120)
 
 if __name__ == "__main__":
-    pool = ProcessPoolExecutor(1, get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),))
-    pool.submit(report_pid_then_sleep, sys.argv[1])
-    time.sleep(120)
+    job = Job("sleeper", functools.partial(report_pid_then_sleep, sys.argv[1]))
+    run_jobs([job], Cluster(executor="local"), Path(sys.argv[2]), threads=1)
 """
 
 
 def test_a_killed_study_leaves_no_worker_behind(tmp_path):
-    """kill -9 of lmc repro used to leave its workers running as orphans, writing into the run folders."""
+    """kill -9 of lmc repro used to leave its workers running as orphans, writing into the run folders;
+    a local job now ends with the command that submitted it."""
     import os
     import signal
     import subprocess
@@ -279,7 +285,8 @@ def test_a_killed_study_leaves_no_worker_behind(tmp_path):
 
     script, pid_file = tmp_path / "study.py", tmp_path / "worker.pid"
     script.write_text(ORPHAN_SCRIPT)
-    parent = subprocess.Popen([sys.executable, str(script), str(pid_file)], env={**os.environ, "PYTHONPATH": str(ROOT)})
+    command = [sys.executable, str(script), str(pid_file), str(tmp_path / "jobs")]
+    parent = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         deadline = time.monotonic() + 120
         while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:

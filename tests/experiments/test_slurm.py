@@ -1,0 +1,92 @@
+"""``lmc run`` on a real SLURM (a single node on this machine, tests/slurm.py) through submitit.
+
+One job is requeued mid-fit, as a preemption does; the run ends with the summary of an
+uninterrupted run in one process, byte for byte (which the local executor's run equals:
+tests/experiments/test_run.py). ``make test`` installs SLURM (``make slurm``) and requires this
+test to run (``LMC_REQUIRE_SLURM=1``); a bare ``pytest`` without SLURM skips it and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lmc.cli import main
+from tests import slurm
+from tests.experiments.test_run import _config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    problems = [f"{', '.join(slurm.missing_binaries())} not installed"] if slurm.missing_binaries() else []
+    if os.geteuid() != 0:
+        problems.append("the test cluster runs its daemons as root")
+    if problems:
+        message = f"no SLURM test cluster: {'; '.join(problems)} (make slurm installs slurm-wlm and munge)"
+        if os.environ.get("LMC_REQUIRE_SLURM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    running = slurm.start(tmp_path_factory.mktemp("slurm"))
+    yield running
+    slurm.stop(running)
+
+
+def _pause(marker: Path, stage: str) -> list[dict]:
+    return [{"class_path": "tests.interruptions.PauseOnce", "init_args": {"marker": str(marker), "stage": stage}}]
+
+
+def _results(folder: Path) -> dict:
+    """summary.json without what differs between two runs of the same results: the folder, wall times."""
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["protocol"].pop("output_dir")
+    summary.pop("alignment_seconds")
+    return summary
+
+
+@pytest.mark.slow
+def test_a_run_on_slurm_with_a_job_requeued_mid_fit_ends_identical_to_one_uninterrupted_process(
+    cluster, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the jobs import tests.interruptions
+    for name in ("one_process", "slurm"):
+        (tmp_path / name).mkdir()
+    # The reference: an uninterrupted run in one process (the local executor's numbers, tests/experiments/test_run.py).
+    main(["run", "--config", _config(tmp_path / "one_process", seeds=2)])
+
+    marker = tmp_path / "paused.json"
+    on_slurm = {"executor": "slurm", "max_jobs": 2, "cpus_per_job": 1, "time_limit_min": 10}
+    config = _config(tmp_path / "slurm", on_slurm, _pause(marker, "seed1"), seeds=2)
+    requeued: list[str] = []
+
+    def requeue_when_paused() -> None:
+        deadline = time.monotonic() + 150
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if marker.exists():
+            job = json.loads(marker.read_text())["slurm_job_id"]
+            cluster.requeue(job)
+            requeued.append(job)
+
+    requeuer = threading.Thread(target=requeue_when_paused)
+    requeuer.start()
+    capsys.readouterr()
+    main(["run", "--config", config])
+    requeuer.join()
+    output = capsys.readouterr().out
+    assert len(requeued) == 1, "seed 1's job never paused: the test did not requeue it"
+    assert f"seed1: submitted (slurm job {requeued[0]})" in output  # submitted once, requeued by SLURM
+    assert "Restarts=1" in cluster.command("scontrol", "show", "job", requeued[0])
+    assert cluster.state(requeued[0]) == "COMPLETED"
+    for name in ("summary.md", "summary.csv"):
+        assert (tmp_path / "slurm" / "run" / name).read_bytes() == (
+            tmp_path / "one_process" / "run" / name
+        ).read_bytes()
+    assert _results(tmp_path / "slurm" / "run") == _results(tmp_path / "one_process" / "run")
