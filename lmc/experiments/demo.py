@@ -79,7 +79,9 @@ def run(
         (root / label).mkdir(parents=True, exist_ok=True)
         log = root / label / "run.log"
         with log.open("w") as stream:
-            command = [sys.executable, "-m", "lmc", "run", *experiment_arguments(label, root, epochs)]
+            # Each encoding's stages run in its own process (the two encodings are the demo's parallelism).
+            arguments = [*experiment_arguments(label, root, epochs), "--cluster.executor=inline"]
+            command = [sys.executable, "-m", "lmc", "run", *arguments]
             runs[label] = (subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=environment), log)
     try:
         for label, (process, log) in runs.items():
