@@ -24,6 +24,7 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "bert-mlm-untied": ("bert-mlm-tiny", {"tie_word_embeddings": False}),  # the transform's units permute alone
     "bert-pretraining": ("bert-pretraining-tiny", {}),  # masked LM and next sentence (on the tanh pooler)
     "roformer": ("roformer-tiny", {}),
+    "roformer-projected": ("roformer-tiny", {"embedding_size": 16}),  # embeddings_project: a space of its own
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
     "mistral-swa": ("mistral-tiny", {}),  # sliding window 4 < the 16-token probe
     "qwen2-gqa": ("qwen2-tiny", {}),  # biases on q, k, v
@@ -35,7 +36,11 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
 }
 DECODERS = ["llama-gqa", "mistral-swa", "qwen2-gqa"]  # lmc.adapters.decoders with RMSNorms
 GPT_NEOX = ["gpt-neox-parallel", "gpt-neox-sequential"]  # lmc.adapters.decoders with LayerNorms
-ROPE = [key for key in ARCHITECTURES if "rope" in key or key in ("roformer", "timm-eva02", *DECODERS, *GPT_NEOX)]
+ROPE = [
+    key
+    for key in ARCHITECTURES
+    if "rope" in key or key in ("roformer", "roformer-projected", "timm-eva02", *DECODERS, *GPT_NEOX)
+]
 APE = [key for key in ARCHITECTURES if key not in ROPE]
 GQA = ["ref-lm-rope-half-gqa-swiglu-rms-nobias", *DECODERS]
 

@@ -140,8 +140,11 @@ class _EncoderAdapter(_TokenAdapter):
         d, h = c.hidden_size, c.num_attention_heads
         rotary = self.rotary(model)
         e = f"{self.base}.embeddings"
-        if index.optional(f"{self.base}.embeddings_project.weight"):
-            residual = index.linear_writes(f"{self.base}.embeddings_project")  # embeddings live in their own width
+        projection = f"{self.base}.embeddings_project"
+        task_heads = []
+        if index.optional(f"{projection}.weight"):
+            residual = index.linear_writes(projection)
+            task_heads.append(self._embedding_space(index, e, projection, c.embedding_size))
         else:
             residual = index.axes(
                 (f"{e}.word_embeddings.weight", 1),
@@ -150,7 +153,7 @@ class _EncoderAdapter(_TokenAdapter):
             )
             residual += index.elementwise(f"{e}.LayerNorm")
         # Post-norm: each LayerNorm reads the sum of the stream and a sublayer's output.
-        readers = [] if index.optional(f"{self.base}.embeddings_project.weight") else [f"{e}.LayerNorm"]
+        readers = [] if task_heads else [f"{e}.LayerNorm"]
         blocks = []
         layers = getattr(model, self.base).encoder.layer
         for i in range(c.num_hidden_layers):
@@ -182,7 +185,6 @@ class _EncoderAdapter(_TokenAdapter):
             residual += index.linear_reads(f"{p}.intermediate.dense") + index.linear_writes(f"{p}.output.dense")
             residual += index.elementwise(f"{p}.output.LayerNorm")
             readers += [f"{p}.attention.output.LayerNorm", f"{p}.output.LayerNorm"]
-        task_heads = []
         if self.task_head is not None:
             first, second = self.task_head
             residual += index.linear_reads(first)
@@ -198,6 +200,20 @@ class _EncoderAdapter(_TokenAdapter):
             fixed=fixed,
             task_heads=tuple(task_heads),
         )
+
+    @staticmethod
+    def _embedding_space(index: ParameterIndex, embeddings: str, projection: str, size: int) -> AxisPermutation:
+        """RoFormer's embeddings when ``embedding_size != hidden_size``: a space of their own.
+
+        ``x = LN(E_word[t] + E_type[s]) P^T + b``: the embedding columns, the LayerNorm's gain
+        and bias and ``P``'s input columns permute together, apart from the residual stream
+        that ``P`` writes (docs/spec.md, section 2, "Beyond attention").
+        """
+        axes = index.axes(
+            (f"{embeddings}.word_embeddings.weight", 1), (f"{embeddings}.token_type_embeddings.weight", 1)
+        )
+        axes += index.elementwise(f"{embeddings}.LayerNorm") + index.linear_reads(projection)
+        return AxisPermutation(embeddings, size, tuple(axes), readers=(f"{embeddings}.LayerNorm", projection))
 
     def _prediction_head(
         self, model: nn.Module, index: ParameterIndex, width: int

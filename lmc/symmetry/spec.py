@@ -210,9 +210,11 @@ class SymmetrySpec:
         residual_note: Why ``residual`` is ``None``, for error messages.
         fixed: Parameters that are constants of the architecture, never trained nor
             re-initialized (RoFormer's sinusoidal table is stored as a frozen parameter).
-        task_heads: Hidden units of task heads that sit between two linear maps with an
-            elementwise nonlinearity of their own (BERT's tanh pooler, RoFormer's classifier
-            MLP): they permute like FFN hidden units. Only ``full_model`` moves them.
+        task_heads: Units outside the blocks that permute on their own, like FFN hidden units:
+            task heads' hidden units between two linear maps with an elementwise nonlinearity
+            of their own (BERT's tanh pooler, RoFormer's classifier MLP), and an embedding
+            space read by a projection into the stream (RoFormer with ``embedding_size !=
+            hidden_size``). Only ``full_model`` moves them.
     """
 
     blocks: tuple[BlockSpec, ...]

@@ -19,6 +19,7 @@ HF_MODELS = {
     "bert-mlm": ("bert-mlm-tiny", {}),
     "bert-pretraining": ("bert-pretraining-tiny", {}),
     "roformer": ("roformer-tiny", {}),
+    "roformer-projected": ("roformer-tiny", {"embedding_size": 16}),  # embeddings_project: a space of its own
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
     "llama-gqa-tied": ("llama-tiny", {"tie_word_embeddings": True}),
     "mistral-swa": ("mistral-tiny", {}),

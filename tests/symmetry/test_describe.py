@@ -25,6 +25,7 @@ EXPECTED = {
     "bert-mlm-untied": ("absolute", None, 4, 4, 8, "GL", 64),
     "bert-pretraining": ("absolute", None, 4, 4, 8, "GL", 64),
     "roformer": ("rope", "interleaved", 4, 4, 8, "H", 8),
+    "roformer-projected": ("rope", "interleaved", 4, 4, 8, "H", 8),
     "llama-gqa": ("rope", "half", 4, 2, 8, "H", 8),
     "mistral-swa": ("rope", "half", 4, 2, 8, "H", 8),  # the window masks positions, not head coordinates
     "qwen2-gqa": ("rope", "half", 4, 2, 8, "H", 8),
