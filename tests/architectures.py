@@ -30,6 +30,8 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "qwen2-gqa": ("qwen2-tiny", {}),  # biases on q, k, v
     "gpt-neox-parallel": ("gpt-neox-tiny", {}),  # fused per-head QKV, rotary_pct 0.5, parallel residual
     "gpt-neox-sequential": ("gpt-neox-tiny", {"use_parallel_residual": False, "rotary_pct": 1.0}),
+    "hf-vit": ("hf-vit-tiny", {}),  # transformers' ViTForImageClassification
+    "hf-vit-nobias": ("hf-vit-tiny", {"qkv_bias": False, "head_dim": 4}),  # attention narrower than the stream
     "timm-vit": ("vit-tiny", {}),
     "timm-rope-vit": ("rope-vit-tiny", {}),
     "timm-eva02": ("eva02-tiny", {}),

@@ -6,7 +6,7 @@ downloaded: HF and timm models are built from configs.
 
 Each family reads a :class:`~lmc.tasks.DataInfo` in one place: a small function mapping it to
 that family's config fields (``_reference_fields``, ``_gpt_fields``, ``_encoder_fields``,
-``_timm_fields``), which also refuses data of a task the family cannot do.
+``_timm_fields``, ``_vit_fields``), which also refuses data of a task the family cannot do.
 """
 
 from __future__ import annotations
@@ -142,6 +142,12 @@ def _timm_fields(data: DataInfo) -> dict[str, Any]:
     return {"img_size": data.image_size, "in_chans": data.in_channels, "num_classes": data.num_classes}
 
 
+def _vit_fields(data: DataInfo) -> dict[str, Any]:
+    """Hugging Face ViT image classifiers."""
+    _check_task("ViT", data, ("image_classification",))
+    return {"image_size": data.image_size, "num_channels": data.in_channels, "num_labels": data.num_classes}
+
+
 def _config(
     data: DataInfo | None,
     overrides: dict[str, Any],
@@ -269,6 +275,23 @@ _FAMILIES: dict[str, ModelFactory] = {
             eos_token_id=0,
         ),
         _gpt_fields("max_position_embeddings"),
+    ),
+    # transformers' own ViT (not timm's): separate q/k/v/o_proj, a Conv2d patch projection.
+    "hf-vit-tiny": _hf(
+        "ViTConfig",
+        "ViTForImageClassification",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=8,
+            patch_size=2,
+            num_channels=1,
+            num_labels=10,
+            **_NO_DROPOUT,
+        ),
+        _vit_fields,
     ),
     "vit-tiny": _timm("vit_tiny_patch16_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
     "rope-vit-tiny": _timm("vit_base_patch16_rope_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),

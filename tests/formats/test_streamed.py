@@ -82,6 +82,8 @@ CASES = [
     ("gpt-neox-tiny", torch.float32, True, "first_block"),  # embed_out.weight in the files is lm_head.weight
     ("gpt-neox-tiny", torch.bfloat16, False, "all_attention"),
     ("rope-vit-tiny", torch.bfloat16, False, "all_attention"),
+    ("hf-vit-tiny", torch.float32, True, "first_block"),  # transformers' ViT, not timm's
+    ("hf-vit-tiny", torch.bfloat16, False, "all_attention"),
 ]
 
 

@@ -31,6 +31,8 @@ EXPECTED = {
     "qwen2-gqa": ("rope", "half", 4, 2, 8, "H", 8),
     "gpt-neox-parallel": ("rope", "half", 4, 4, 8, "H", 4 + 16),  # 2 pairs of H, GL(4) on the rest
     "gpt-neox-sequential": ("rope", "half", 4, 4, 8, "H", 8),  # every coordinate rotates
+    "hf-vit": ("absolute", None, 4, 4, 8, "GL", 64),
+    "hf-vit-nobias": ("absolute", None, 4, 4, 4, "GL", 16),
     "timm-vit": ("absolute", None, 4, 4, 8, "GL", 64),
     "timm-rope-vit": ("rope", "axial", 4, 4, 8, "H", 8),
     "timm-eva02": ("rope", "axial", 4, 4, 8, "H", 8),
