@@ -9,6 +9,9 @@ is generic code over the declaration (docs/spec.md, section 2; docs/extending.md
 - Mistral is Llama with a sliding-window mask, which acts on positions and leaves the group
   unchanged (docs/spec.md, section 2, "Masks");
 - Qwen2 is Llama with biases on q, k and v (none on o), which move with the group;
+- Qwen3 is Llama with a per-head RMSNorm on queries and on keys before RoPE (``q_norm``/``k_norm``,
+  one gain of width ``head_dim`` shared by every head), which leaves ``C`` only sign flips of its
+  rotary pairs (docs/spec.md, section 2, "Per-head QK-norm"); V/O keeps ``GL(d_h)``;
 - GPT-NeoX (Pythia) fuses q, k, v in one Linear, per head ``[q | k | v]``, rotates only the first
   ``rotary_pct`` of each head's coordinates (``rotate_half`` within them), has LayerNorms with
   biases, a GELU FFN and, by default, a parallel residual ``x + attn(ln1 x) + mlp(ln2 x)``. Both
@@ -18,6 +21,7 @@ is generic code over the declaration (docs/spec.md, section 2; docs/extending.md
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Literal
@@ -86,6 +90,8 @@ class DecoderLayout:
         sliding_window: Config field of a sliding-window width, if the family has one. A window
             masks positions and leaves the group unchanged; a width of 1 is refused, since then
             queries and keys do not affect the function (docs/spec.md, section 2, "Masks").
+        qk_norms: Attributes of the attention's per-head norms on queries and on keys (norms of
+            ``norm``'s class, width ``head_dim``, applied before RoPE), if the family has them.
     """
 
     family: str
@@ -111,6 +117,7 @@ class DecoderLayout:
     rope_layout: PairLayout = "half"
     rotary_fraction: float | str = 1.0
     sliding_window: str | None = None
+    qk_norms: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if len(self.projections) != (2 if self.fused_qkv else 4):
@@ -159,6 +166,9 @@ class DecoderAdapter(CausalLMAdapter):
                 attention = per_head_fused_attention(index, f"{p}.{layout.attention}", *projections, **shape)
             else:
                 attention = linear_attention(index, f"{p}.{layout.attention}", projections, num_kv_heads=h_kv, **shape)
+            if layout.qk_norms is not None:
+                query_norm, key_norm = (f"{p}.{layout.attention}.{norm}.weight" for norm in layout.qk_norms)
+                attention = dataclasses.replace(attention, query_norm=query_norm, key_norm=key_norm)
             inputs = tuple(f"{p}.{layout.mlp}.{x}" for x in layout.mlp_inputs)
             output = f"{p}.{layout.mlp}.{layout.mlp_output}"
             feed_forward = linear_feed_forward(index, f"{p}.{layout.mlp}", inputs, output, c.intermediate_size)
@@ -183,7 +193,7 @@ class DecoderAdapter(CausalLMAdapter):
             require_class(layer, (classes["layer"],), p)
             require_class(layer.get_submodule(layout.attention), (classes["attention"],), f"{p}.{layout.attention}")
             require_class(layer.get_submodule(layout.mlp), (classes["mlp"],), f"{p}.{layout.mlp}")
-            for norm in layout.norms:
+            for norm in layout.norms + tuple(f"{layout.attention}.{n}" for n in layout.qk_norms or ()):
                 require_class(layer.get_submodule(norm), (classes["norm"],), f"{p}.{norm}")
                 expected.update(f"{p}.{norm}.{x}" for x in norm_parameters)
             linears = [(f"{layout.attention}.{x}", layout.qkv_bias) for x in layout.qkv_projections]
@@ -266,6 +276,18 @@ class MistralAdapter(DecoderAdapter):
 class Qwen2Adapter(DecoderAdapter):
     layout = DecoderLayout(
         "Qwen2", "transformers.models.qwen2.modeling_qwen2", qkv_bias=True, sliding_window="sliding_window"
+    )
+
+
+@register_adapter("transformers:Qwen3ForCausalLM")
+class Qwen3Adapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "Qwen3",
+        "transformers.models.qwen3.modeling_qwen3",
+        qkv_bias="attention_bias",
+        out_bias="attention_bias",
+        sliding_window="sliding_window",
+        qk_norms=("q_norm", "k_norm"),
     )
 
 

@@ -259,6 +259,10 @@ _FAMILIES: dict[str, ModelFactory] = {
         _gpt_fields("max_position_embeddings"),
     ),
     "qwen2-tiny": _hf("Qwen2Config", "Qwen2ForCausalLM", _LLAMA_TINY, _gpt_fields("max_position_embeddings")),
+    # Per-head RMSNorms on queries and keys (q_norm, k_norm); Qwen3's head_dim is a field of its own.
+    "qwen3-tiny": _hf(
+        "Qwen3Config", "Qwen3ForCausalLM", dict(_LLAMA_TINY, head_dim=8), _gpt_fields("max_position_embeddings")
+    ),
     # Pythia's layout: fused per-head QKV, half of each head rotary, parallel residual (the config's default).
     "gpt-neox-tiny": _hf(
         "GPTNeoXConfig",

@@ -151,6 +151,7 @@ FAMILY_DATA = {
     "llama-tiny": TOKENS,
     "mistral-tiny": TOKENS,
     "qwen2-tiny": TOKENS,
+    "qwen3-tiny": TOKENS,
     "gpt-neox-tiny": TOKENS,
 }
 

@@ -24,6 +24,7 @@ HF_MODELS = {
     "llama-gqa-tied": ("llama-tiny", {"tie_word_embeddings": True}),
     "mistral-swa": ("mistral-tiny", {}),
     "qwen2-gqa": ("qwen2-tiny", {}),
+    "qwen3-gqa": ("qwen3-tiny", {}),  # per-head q_norm, k_norm
     "hf-vit": ("hf-vit-tiny", {}),
     "gpt-neox-parallel": ("gpt-neox-tiny", {}),  # its files store lm_head.weight as embed_out.weight
     "gpt-neox-sequential": ("gpt-neox-tiny", {"use_parallel_residual": False, "rotary_pct": 1.0}),

@@ -24,6 +24,7 @@ NORMS = {
     "llama-gqa": "transformers.models.llama.modeling_llama:LlamaRMSNorm",
     "mistral-swa": "transformers.models.mistral.modeling_mistral:MistralRMSNorm",
     "qwen2-gqa": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
+    "qwen3-gqa": "transformers.models.qwen3.modeling_qwen3:Qwen3RMSNorm",  # q_norm and k_norm too
 }
 
 
