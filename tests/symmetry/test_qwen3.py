@@ -139,3 +139,22 @@ def test_sampled_elements_are_sign_flips_and_validate():
     assert set(element.qk.unique().tolist()) <= {-1.0, 0.0, 1.0}
     with pytest.raises(ValueError, match=r"qk is not in the layer's signs\(8\) group"):
         _element(layer, _pair_rotation(0.3, (1, 5), layer.num_kv_heads)).validate(layer)
+
+
+def test_rescaling_the_gains_pair_by_pair_is_exact_and_one_coordinate_alone_is_not():
+    """The symmetry outside the per-head view that lmc leaves out (spec.md): g_q c, g_k / c, c equal on each pair."""
+    model = qwen3()
+    pairs = model_spec(model).blocks[0].attention.rotary.pairs
+    norms = model.model.layers[0].self_attn
+    c = torch.tensor([0.5, -2.0, 3.0, 1.5], dtype=torch.float64)
+    per_coordinate = torch.ones(8, dtype=torch.float64)
+    per_coordinate[pairs[:, 0]] = per_coordinate[pairs[:, 1]] = c
+    reference = decoder_outputs(model)
+    for scale, exact in ((per_coordinate, True), (per_coordinate * torch.tensor([2.0] + [1.0] * 7), False)):
+        moved = apply_transform(model, ModelTransform())
+        attention = moved.model.layers[0].self_attn
+        with torch.no_grad():
+            attention.q_norm.weight.copy_(norms.q_norm.weight * scale)
+            attention.k_norm.weight.copy_(norms.k_norm.weight / scale)
+        change = relative_difference(reference, decoder_outputs(moved))
+        assert change < FLOAT64_RTOL if exact else change > BROKEN, (change, exact)
