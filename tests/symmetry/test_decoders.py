@@ -139,3 +139,40 @@ def test_a_declared_rotary_fraction_is_checked_against_the_model():
 
     with pytest.raises(UnsupportedModelError, match=r"Llama rotary width 8 != 4 \(rotary_fraction 0.5"):
         HalfRotaryLlama().spec(create_model("llama-tiny", dtype=torch.float64))  # no biases, as declared
+
+
+def test_a_swiglu_unit_scales_on_up_and_down_exactly_but_not_on_its_gate(monkeypatch):
+    """An exact symmetry lmc leaves out of its group (docs/spec.md, section 2): up by a, down by 1/a, per unit."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", _float64_rms_norm)
+    model = build("llama-gqa")
+    reference = outputs(model)
+    scales = torch.linspace(-2.0, 3.0, 64, dtype=torch.float64)  # non-zero, signs included
+    scales[scales.abs() < 0.1] = 0.5
+    for projection, exact in (("up_proj", True), ("gate_proj", False)):
+        scaled = apply_transform(model, ModelTransform())
+        mlp = scaled.model.layers[0].mlp
+        with torch.no_grad():
+            getattr(mlp, projection).weight.mul_(scales[:, None])
+            mlp.down_proj.weight.div_(scales[None, :])
+        change = relative_difference(reference, outputs(scaled))
+        assert change < 1e-12 if exact else change > BROKEN, (projection, change)
+
+
+def test_a_pre_norm_gain_folds_into_its_linear_readers_exactly(monkeypatch):
+    """Also left out of lmc's group (docs/spec.md, section 2): g / c on the norm, c on every reader's input columns."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", _float64_rms_norm)
+    model = build("llama-gqa")
+    c = torch.linspace(0.5, 2.0, 32, dtype=torch.float64)
+    for readers, exact in ((("q_proj", "k_proj", "v_proj"), True), (("q_proj", "k_proj"), False)):
+        folded = apply_transform(model, ModelTransform())
+        layer = folded.model.layers[0]
+        with torch.no_grad():
+            layer.input_layernorm.weight.div_(c)
+            for name in readers:
+                getattr(layer.self_attn, name).weight.mul_(c[None, :])
+        change = relative_difference(outputs(model), outputs(folded))
+        assert change < 1e-12 if exact else change > BROKEN, (readers, change)
