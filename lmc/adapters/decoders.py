@@ -12,6 +12,11 @@ is generic code over the declaration (docs/spec.md, section 2; docs/extending.md
 - Qwen3 is Llama with a per-head RMSNorm on queries and on keys before RoPE (``q_norm``/``k_norm``,
   one gain of width ``head_dim`` shared by every head), which leaves ``C`` only sign flips of its
   rotary pairs (docs/spec.md, section 2, "Per-head QK-norm"); V/O keeps ``GL(d_h)``;
+- Gemma is Llama with a ``(1 + w)`` RMSNorm gain, embeddings scaled by ``sqrt(d)`` and GeGLU: the
+  same group (a gain ``1 + w`` permutes as ``w`` does, a constant scale commutes); Gemma 2 adds
+  norms on each sublayer's output (on residual coordinates, so they permute with the stream),
+  soft-capped attention logits and final logits (injective maps of each score and logit: the group
+  is unchanged) and windows on alternating layers (docs/spec.md, section 2, "Other variants");
 - GPT-NeoX (Pythia) fuses q, k, v in one Linear, per head ``[q | k | v]``, rotates only the first
   ``rotary_pct`` of each head's coordinates (``rotate_half`` within them), has LayerNorms with
   biases, a GELU FFN and, by default, a parallel residual ``x + attn(ln1 x) + mlp(ln2 x)``. Both
@@ -73,8 +78,9 @@ class DecoderLayout:
         mlp_output: Attribute of the FFN's down ``nn.Linear``.
         mlp_bias: Whether the FFN's Linears have biases.
         norm: ``"rms"``: ``<family>RMSNorm`` (a gain); ``"layer"``: ``torch.nn.LayerNorm`` (gain and bias).
-        norms: Attributes of a layer's two pre-norms (before attention, before the FFN; in a
-            parallel residual both read the layer's input).
+        norms: Attributes of a layer's norms on residual coordinates: its two pre-norms (before
+            attention, before the FFN; in a parallel residual both read the layer's input), and
+            norms of the sublayers' outputs where the family has them (Gemma 2).
         final_norm: Path of the norm after the last layer.
         embeddings: Path of the token embedding.
         lm_head: Path of the output projection (tied to the embedding if the config says so).
@@ -108,7 +114,7 @@ class DecoderLayout:
     mlp_output: str = "down_proj"
     mlp_bias: BiasRule = False
     norm: Literal["rms", "layer"] = "rms"
-    norms: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
+    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
     final_norm: str = "model.norm"
     embeddings: str = "model.embed_tokens"
     lm_head: str = "lm_head"
@@ -288,6 +294,30 @@ class Qwen3Adapter(DecoderAdapter):
         out_bias="attention_bias",
         sliding_window="sliding_window",
         qk_norms=("q_norm", "k_norm"),
+    )
+
+
+@register_adapter("transformers:GemmaForCausalLM")
+class GemmaAdapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "Gemma", "transformers.models.gemma.modeling_gemma", qkv_bias="attention_bias", out_bias="attention_bias"
+    )
+
+
+@register_adapter("transformers:Gemma2ForCausalLM")
+class Gemma2Adapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "Gemma2",
+        "transformers.models.gemma2.modeling_gemma2",
+        qkv_bias="attention_bias",
+        out_bias="attention_bias",
+        norms=(
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ),
+        sliding_window="sliding_window",
     )
 
 

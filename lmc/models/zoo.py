@@ -263,6 +263,17 @@ _FAMILIES: dict[str, ModelFactory] = {
     "qwen3-tiny": _hf(
         "Qwen3Config", "Qwen3ForCausalLM", dict(_LLAMA_TINY, head_dim=8), _gpt_fields("max_position_embeddings")
     ),
+    # (1 + w) RMSNorms, embeddings scaled by sqrt(d), GeGLU, tied head; Gemma 2 adds sublayer output norms,
+    # soft-capped attention and final logits and a window (shorter than the probe) on alternating layers.
+    "gemma-tiny": _hf(
+        "GemmaConfig", "GemmaForCausalLM", dict(_LLAMA_TINY, head_dim=8), _gpt_fields("max_position_embeddings")
+    ),
+    "gemma2-tiny": _hf(
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(_LLAMA_TINY, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+        _gpt_fields("max_position_embeddings"),
+    ),
     # Pythia's layout: fused per-head QKV, half of each head rotary, parallel residual (the config's default).
     "gpt-neox-tiny": _hf(
         "GPTNeoXConfig",

@@ -152,6 +152,8 @@ FAMILY_DATA = {
     "mistral-tiny": TOKENS,
     "qwen2-tiny": TOKENS,
     "qwen3-tiny": TOKENS,
+    "gemma-tiny": TOKENS,
+    "gemma2-tiny": TOKENS,
     "gpt-neox-tiny": TOKENS,
 }
 

@@ -25,6 +25,7 @@ HF_MODELS = {
     "mistral-swa": ("mistral-tiny", {}),
     "qwen2-gqa": ("qwen2-tiny", {}),
     "qwen3-gqa": ("qwen3-tiny", {}),  # per-head q_norm, k_norm
+    "gemma2-capped": ("gemma2-tiny", {}),  # soft-capping, sublayer output norms, tied head
     "hf-vit": ("hf-vit-tiny", {}),
     "gpt-neox-parallel": ("gpt-neox-tiny", {}),  # its files store lm_head.weight as embed_out.weight
     "gpt-neox-sequential": ("gpt-neox-tiny", {"use_parallel_residual": False, "rotary_pct": 1.0}),

@@ -15,7 +15,7 @@ from torch import nn
 from lmc.adapters import UnsupportedModelError, adapter_for, apply_transform, describe, model_spec, random_symmetry
 from lmc.adapters.decoders import DecoderAdapter, DecoderLayout
 from lmc.models import create_model, randomize_parameters_
-from lmc.symmetry import SCOPES, ModelTransform, qk_group, sample_attention_transform
+from lmc.symmetry import SCOPES, ModelTransform, general_linear, qk_group, sample_attention_transform
 from tests.architectures import DECODERS, build, relative_difference
 from tests.symmetry.test_groups import commutant_dimension, rotations
 
@@ -25,6 +25,8 @@ NORMS = {
     "mistral-swa": "transformers.models.mistral.modeling_mistral:MistralRMSNorm",
     "qwen2-gqa": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
     "qwen3-gqa": "transformers.models.qwen3.modeling_qwen3:Qwen3RMSNorm",  # q_norm and k_norm too
+    "gemma-gqa": "transformers.models.gemma.modeling_gemma:GemmaRMSNorm",
+    "gemma2-capped": "transformers.models.gemma2.modeling_gemma2:Gemma2RMSNorm",
 }
 
 
@@ -45,11 +47,18 @@ def _float64_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Ten
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
+def _float64_gemma_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Gemma's RMSNorm (gain ``1 + w``) without its cast to float32."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return hidden_states * torch.rsqrt(variance + self.eps) * (1.0 + self.weight)
+
+
 @pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("key", DECODERS)
 def test_random_symmetry_is_exact_when_the_norms_compute_in_float64(key, scope, monkeypatch):
     module, name = NORMS[key].split(":")
-    monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", _float64_rms_norm)
+    forward = _float64_gemma_rms_norm if key.startswith("gemma") else _float64_rms_norm
+    monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", forward)
     model = build(key)
     transformed = random_symmetry(model, scope=scope, seed=1)
     assert relative_difference(outputs(model), outputs(transformed)) < 1e-12
@@ -139,6 +148,30 @@ def test_a_declared_rotary_fraction_is_checked_against_the_model():
 
     with pytest.raises(UnsupportedModelError, match=r"Llama rotary width 8 != 4 \(rotary_fraction 0.5"):
         HalfRotaryLlama().spec(create_model("llama-tiny", dtype=torch.float64))  # no biases, as declared
+
+
+def test_gemma2_caps_and_windows_its_scores_and_keeps_llamas_group(monkeypatch):
+    """Soft-capping maps each score (and logit) injectively: the group is G_RoPE (spec.md, "Other variants")."""
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+
+    monkeypatch.setattr(Gemma2RMSNorm, "forward", _float64_gemma_rms_norm)
+    model = build("gemma2-capped")
+    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+    assert [(layer["qk_group"], layer["qk_group_dim"]) for layer in describe(model)] == [("H", 8), ("H", 8)]
+    without = {"attn_logit_softcapping": None, "final_logit_softcapping": None, "layer_types": ["full_attention"] * 2}
+    for field, value in without.items():
+        other = create_model("gemma2-tiny", dtype=torch.float64, attention_bias=True, **{field: value})
+        randomize_parameters_(other, seed=0)  # the same weights
+        assert relative_difference(outputs(model), outputs(other)) > BROKEN, field  # each one acts on the probe
+    layer = model_spec(model).blocks[0].attention
+    element = sample_attention_transform(layer, torch.Generator().manual_seed(2))
+    assert (
+        relative_difference(outputs(model), outputs(apply_transform(model, ModelTransform(attention={0: element}))))
+        < 1e-12
+    )
+    too_large = sample_attention_transform(layer, torch.Generator().manual_seed(2), general_linear(8))
+    broken = apply_transform(model, ModelTransform(attention={0: too_large}))
+    assert relative_difference(outputs(model), outputs(broken)) > BROKEN
 
 
 def test_a_swiglu_unit_scales_on_up_and_down_exactly_but_not_on_its_gate(monkeypatch):
