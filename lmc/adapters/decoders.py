@@ -17,6 +17,10 @@ is generic code over the declaration (docs/spec.md, section 2; docs/extending.md
   norms on each sublayer's output (on residual coordinates, so they permute with the stream),
   soft-capped attention logits and final logits (injective maps of each score and logit: the group
   is unchanged) and windows on alternating layers (docs/spec.md, section 2, "Other variants");
+- Phi-3 is Llama with q, k and v fused in one Linear as ``[Q | K | V]`` blocks (GQA: ``h``, ``h_kv``,
+  ``h_kv`` heads) and gate and up fused as ``[gate | up]`` (two stacked copies of the hidden units),
+  with optional partial rotary (``partial_rotary_factor``): the same group as Llama's, or GPT-NeoX's
+  block-diagonal one under partial rotary;
 - GPT-NeoX (Pythia) fuses q, k, v in one Linear, per head ``[q | k | v]``, rotates only the first
   ``rotary_pct`` of each head's coordinates (``rotate_half`` within them), has LayerNorms with
   biases, a GELU FFN and, by default, a parallel residual ``x + attn(ln1 x) + mlp(ln2 x)``. Both
@@ -38,6 +42,7 @@ from lmc.adapters.base import UnsupportedModelError, register_adapter
 from lmc.adapters.huggingface import CausalLMAdapter, token_inputs
 from lmc.adapters.layout import (
     ParameterIndex,
+    block_fused_attention,
     linear_attention,
     linear_feed_forward,
     per_head_fused_attention,
@@ -68,8 +73,10 @@ class DecoderLayout:
         attention: Attribute of a layer holding its attention.
         projections: Attributes of the attention's query, key, value and output ``nn.Linear``; with
             ``fused_qkv``, of the one query-key-value Linear and the output.
-        fused_qkv: Whether one ``nn.Linear`` holds the queries, keys and values, per head
-            ``[q | k | v]`` (its rows a view ``(h, 3, d_h)``, as GPT-NeoX's ``query_key_value``).
+        fused_qkv: Whether one ``nn.Linear`` holds the queries, keys and values.
+        fused_layout: How a fused Linear orders its rows: ``"per_head"``, per head ``[q | k | v]``
+            (a view ``(h, 3, d_h)``, GPT-NeoX's ``query_key_value``), or ``"blocks"``, ``[Q | K | V]``
+            with ``h``, ``h_kv`` and ``h_kv`` heads (Phi-3's ``qkv_proj``, GQA allowed).
         qkv_bias: Whether the query, key and value projections have biases.
         out_bias: Whether the output projection has a bias.
         mlp: Attribute of a layer holding its FFN.
@@ -107,6 +114,7 @@ class DecoderLayout:
     attention: str = "self_attn"
     projections: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     fused_qkv: bool = False
+    fused_layout: Literal["per_head", "blocks"] = "per_head"
     qkv_bias: BiasRule = False
     out_bias: BiasRule = False
     mlp: str = "mlp"
@@ -159,7 +167,7 @@ class DecoderAdapter(CausalLMAdapter):
         index = ParameterIndex(model)
         self._check_storage(model, index)
         d, h = c.hidden_size, c.num_attention_heads
-        h_kv = getattr(c, "num_key_value_heads", None) or h  # a fused per-head QKV has no GQA
+        h_kv = getattr(c, "num_key_value_heads", None) or h  # GPT-NeoX's fused per-head QKV has no GQA
         head_dim = getattr(c, "head_dim", None) or d // h
         rotary = self._rotary(model, head_dim)
         residual = index.axes((f"{layout.embeddings}.weight", 1), (f"{layout.lm_head}.weight", 1))
@@ -168,7 +176,11 @@ class DecoderAdapter(CausalLMAdapter):
             p = f"{layout.layers}.{i}"
             projections = tuple(f"{p}.{layout.attention}.{x}" for x in layout.projections)
             shape = dict(width=d, num_heads=h, head_dim=head_dim, pe="rope", rotary=rotary)
-            if layout.fused_qkv:
+            if layout.fused_qkv and layout.fused_layout == "blocks":
+                attention = block_fused_attention(
+                    index, f"{p}.{layout.attention}", *projections, num_kv_heads=h_kv, **shape
+                )
+            elif layout.fused_qkv:
                 attention = per_head_fused_attention(index, f"{p}.{layout.attention}", *projections, **shape)
             else:
                 attention = linear_attention(index, f"{p}.{layout.attention}", projections, num_kv_heads=h_kv, **shape)
@@ -317,6 +329,20 @@ class Gemma2Adapter(DecoderAdapter):
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
         ),
+        sliding_window="sliding_window",
+    )
+
+
+@register_adapter("transformers:Phi3ForCausalLM")
+class Phi3Adapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "Phi3",
+        "transformers.models.phi3.modeling_phi3",
+        projections=("qkv_proj", "o_proj"),
+        fused_qkv=True,
+        fused_layout="blocks",
+        mlp_inputs=("gate_up_proj",),
+        rotary_fraction="partial_rotary_factor",
         sliding_window="sliding_window",
     )
 

@@ -274,6 +274,13 @@ _FAMILIES: dict[str, ModelFactory] = {
         dict(_LLAMA_TINY, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
         _gpt_fields("max_position_embeddings"),
     ),
+    # Fused [Q | K | V] rows with GQA and fused [gate | up]; half of each head rotary.
+    "phi3-tiny": _hf(
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(_LLAMA_TINY, pad_token_id=0, partial_rotary_factor=0.5),
+        _gpt_fields("max_position_embeddings"),
+    ),
     # Pythia's layout: fused per-head QKV, half of each head rotary, parallel residual (the config's default).
     "gpt-neox-tiny": _hf(
         "GPTNeoXConfig",

@@ -154,6 +154,7 @@ FAMILY_DATA = {
     "qwen3-tiny": TOKENS,
     "gemma-tiny": TOKENS,
     "gemma2-tiny": TOKENS,
+    "phi3-tiny": TOKENS,
     "gpt-neox-tiny": TOKENS,
 }
 

@@ -6,6 +6,7 @@ every entry of tests/architectures.DECODERS; these check what is specific to eac
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -26,6 +27,7 @@ NORMS = {
     "qwen2-gqa": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
     "qwen3-gqa": "transformers.models.qwen3.modeling_qwen3:Qwen3RMSNorm",  # q_norm and k_norm too
     "gemma-gqa": "transformers.models.gemma.modeling_gemma:GemmaRMSNorm",
+    "phi3-partial": "transformers.models.phi3.modeling_phi3:Phi3RMSNorm",
     "gemma2-capped": "transformers.models.gemma2.modeling_gemma2:Gemma2RMSNorm",
 }
 
@@ -172,6 +174,40 @@ def test_gemma2_caps_and_windows_its_scores_and_keeps_llamas_group(monkeypatch):
     too_large = sample_attention_transform(layer, torch.Generator().manual_seed(2), general_linear(8))
     broken = apply_transform(model, ModelTransform(attention={0: too_large}))
     assert relative_difference(outputs(model), outputs(broken)) > BROKEN
+
+
+def test_phi3_reads_its_fused_rows_as_blocks_and_moves_both_copies_of_each_unit(monkeypatch):
+    """[Q | K | V] blocks with GQA (not GPT-NeoX's per-head rows); a unit's gate and up rows move together."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RMSNorm
+
+    from lmc.symmetry import HeadSlot, read_attention, transform_attention, write_attention
+    from lmc.symmetry.transforms import permute_axes
+
+    monkeypatch.setattr(Phi3RMSNorm, "forward", _float64_rms_norm)
+    model = build("phi3-partial")
+    layer = model_spec(model).blocks[0].attention
+    qkv = model.model.layers[0].self_attn.qkv_proj.weight
+    weights = read_attention(dict(model.named_parameters()), layer)
+    assert torch.equal(weights.key[1], qkv[32 + 8 : 32 + 16].T) and torch.equal(weights.value[0], qkv[48:56].T)
+    element = sample_attention_transform(layer, torch.Generator().manual_seed(2))
+    kept = apply_transform(model, ModelTransform(attention={0: element}))
+    assert relative_difference(outputs(model), outputs(kept)) < 1e-12
+    # The same element with the key and value blocks read the other way round moves the wrong rows.
+    name = f"{layer.name}.qkv_proj.weight"
+    wrong = dataclasses.replace(layer, key=HeadSlot(name, 0, 48), value=HeadSlot(name, 0, 32))
+    broken = apply_transform(model, ModelTransform())
+    parameters = dict(broken.named_parameters())
+    write_attention(parameters, wrong, transform_attention(read_attention(parameters, wrong), element))
+    assert relative_difference(outputs(model), outputs(broken)) > BROKEN
+    shift = torch.roll(torch.arange(64), 1)
+    gate_only = apply_transform(model, ModelTransform())
+    with torch.no_grad():
+        rows = gate_only.model.layers[0].mlp.gate_up_proj.weight
+        rows[:64] = rows[:64][shift].clone()  # the gate copy alone
+    assert relative_difference(outputs(model), outputs(gate_only)) > BROKEN
+    both = apply_transform(model, ModelTransform())
+    permute_axes(dict(both.named_parameters()), model_spec(model).blocks[0].feed_forward.hidden, shift)
+    assert relative_difference(outputs(model), outputs(both)) < 1e-12
 
 
 def test_a_swiglu_unit_scales_on_up_and_down_exactly_but_not_on_its_gate(monkeypatch):
