@@ -24,24 +24,45 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "bert-mlm-untied": ("bert-mlm-tiny", {"tie_word_embeddings": False}),  # the transform's units permute alone
     "bert-pretraining": ("bert-pretraining-tiny", {}),  # masked LM and next sentence (on the tanh pooler)
     "roformer": ("roformer-tiny", {}),
+    "roformer-projected": ("roformer-tiny", {"embedding_size": 16}),  # embeddings_project: a space of its own
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
     "mistral-swa": ("mistral-tiny", {}),  # sliding window 4 < the 16-token probe
     "qwen2-gqa": ("qwen2-tiny", {}),  # biases on q, k, v
+    "qwen3-gqa": ("qwen3-tiny", {"attention_bias": True}),  # per-head q_norm, k_norm; biases before them
+    "gemma-gqa": ("gemma-tiny", {}),  # (1 + w) RMSNorms, scaled embeddings, GeGLU, tied head
+    "gemma2-capped": ("gemma2-tiny", {"attention_bias": True}),  # soft-capping, sublayer output norms, windows
+    "phi3-partial": ("phi3-tiny", {}),  # fused [Q | K | V] with GQA, fused [gate | up], half of each head rotary
     "gpt-neox-parallel": ("gpt-neox-tiny", {}),  # fused per-head QKV, rotary_pct 0.5, parallel residual
     "gpt-neox-sequential": ("gpt-neox-tiny", {"use_parallel_residual": False, "rotary_pct": 1.0}),
+    "hf-vit": ("hf-vit-tiny", {}),  # transformers' ViTForImageClassification
+    "hf-vit-nobias": ("hf-vit-tiny", {"qkv_bias": False, "head_dim": 4}),  # attention narrower than the stream
     "timm-vit": ("vit-tiny", {}),
     "timm-rope-vit": ("rope-vit-tiny", {}),
     "timm-eva02": ("eva02-tiny", {}),
 }
-DECODERS = ["llama-gqa", "mistral-swa", "qwen2-gqa"]  # lmc.adapters.decoders with RMSNorms
+DECODERS = [
+    "llama-gqa",
+    "mistral-swa",
+    "qwen2-gqa",
+    "qwen3-gqa",
+    "gemma-gqa",
+    "gemma2-capped",
+    "phi3-partial",
+]  # lmc.adapters.decoders with RMSNorms
+QK_NORM = ["qwen3-gqa"]  # per-head RMSNorms on queries and keys: C is a sign flip (tests/symmetry/test_qwen3.py)
 GPT_NEOX = ["gpt-neox-parallel", "gpt-neox-sequential"]  # lmc.adapters.decoders with LayerNorms
-ROPE = [key for key in ARCHITECTURES if "rope" in key or key in ("roformer", "timm-eva02", *DECODERS, *GPT_NEOX)]
+ROPE = [
+    key
+    for key in ARCHITECTURES
+    if "rope" in key or key in ("roformer", "roformer-projected", "timm-eva02", *DECODERS, *GPT_NEOX)
+]
 APE = [key for key in ARCHITECTURES if key not in ROPE]
 GQA = ["ref-lm-rope-half-gqa-swiglu-rms-nobias", *DECODERS]
 
-# HF's RMSNorms (Llama, Mistral, Qwen2) normalize in float32 even in a float64 model, so equal
-# functions agree only to float32 rounding after each norm (observed ~2e-7); every other model to
-# ~1e-15, and so do the decoders with their norms computed in float64 (tests/symmetry/test_decoders.py).
+# HF's RMSNorms (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3) normalize in float32 even in a
+# float64 model, so equal functions agree only to float32 rounding after each norm (observed ~2e-7);
+# every other model to ~1e-15, and so do the decoders with their norms computed in float64
+# (tests/symmetry/test_decoders.py).
 OUTPUT_RTOL = {key: 2e-6 for key in DECODERS}
 DEFAULT_OUTPUT_RTOL = 1e-9
 

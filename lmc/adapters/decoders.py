@@ -9,6 +9,18 @@ is generic code over the declaration (docs/spec.md, section 2; docs/extending.md
 - Mistral is Llama with a sliding-window mask, which acts on positions and leaves the group
   unchanged (docs/spec.md, section 2, "Masks");
 - Qwen2 is Llama with biases on q, k and v (none on o), which move with the group;
+- Qwen3 is Llama with a per-head RMSNorm on queries and on keys before RoPE (``q_norm``/``k_norm``,
+  one gain of width ``head_dim`` shared by every head), which leaves ``C`` only sign flips of its
+  rotary pairs (docs/spec.md, section 2, "Per-head QK-norm"); V/O keeps ``GL(d_h)``;
+- Gemma is Llama with a ``(1 + w)`` RMSNorm gain, embeddings scaled by ``sqrt(d)`` and GeGLU: the
+  same group (a gain ``1 + w`` permutes as ``w`` does, a constant scale commutes); Gemma 2 adds
+  norms on each sublayer's output (on residual coordinates, so they permute with the stream),
+  soft-capped attention logits and final logits (injective maps of each score and logit: the group
+  is unchanged) and windows on alternating layers (docs/spec.md, section 2, "Other variants");
+- Phi-3 is Llama with q, k and v fused in one Linear as ``[Q | K | V]`` blocks (GQA: ``h``, ``h_kv``,
+  ``h_kv`` heads) and gate and up fused as ``[gate | up]`` (two stacked copies of the hidden units),
+  with optional partial rotary (``partial_rotary_factor``): the same group as Llama's, or GPT-NeoX's
+  block-diagonal one under partial rotary;
 - GPT-NeoX (Pythia) fuses q, k, v in one Linear, per head ``[q | k | v]``, rotates only the first
   ``rotary_pct`` of each head's coordinates (``rotate_half`` within them), has LayerNorms with
   biases, a GELU FFN and, by default, a parallel residual ``x + attn(ln1 x) + mlp(ln2 x)``. Both
@@ -18,6 +30,7 @@ is generic code over the declaration (docs/spec.md, section 2; docs/extending.md
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Literal
@@ -29,6 +42,7 @@ from lmc.adapters.base import UnsupportedModelError, register_adapter
 from lmc.adapters.huggingface import CausalLMAdapter, token_inputs
 from lmc.adapters.layout import (
     ParameterIndex,
+    block_fused_attention,
     linear_attention,
     linear_feed_forward,
     per_head_fused_attention,
@@ -59,8 +73,10 @@ class DecoderLayout:
         attention: Attribute of a layer holding its attention.
         projections: Attributes of the attention's query, key, value and output ``nn.Linear``; with
             ``fused_qkv``, of the one query-key-value Linear and the output.
-        fused_qkv: Whether one ``nn.Linear`` holds the queries, keys and values, per head
-            ``[q | k | v]`` (its rows a view ``(h, 3, d_h)``, as GPT-NeoX's ``query_key_value``).
+        fused_qkv: Whether one ``nn.Linear`` holds the queries, keys and values.
+        fused_layout: How a fused Linear orders its rows: ``"per_head"``, per head ``[q | k | v]``
+            (a view ``(h, 3, d_h)``, GPT-NeoX's ``query_key_value``), or ``"blocks"``, ``[Q | K | V]``
+            with ``h``, ``h_kv`` and ``h_kv`` heads (Phi-3's ``qkv_proj``, GQA allowed).
         qkv_bias: Whether the query, key and value projections have biases.
         out_bias: Whether the output projection has a bias.
         mlp: Attribute of a layer holding its FFN.
@@ -69,8 +85,9 @@ class DecoderLayout:
         mlp_output: Attribute of the FFN's down ``nn.Linear``.
         mlp_bias: Whether the FFN's Linears have biases.
         norm: ``"rms"``: ``<family>RMSNorm`` (a gain); ``"layer"``: ``torch.nn.LayerNorm`` (gain and bias).
-        norms: Attributes of a layer's two pre-norms (before attention, before the FFN; in a
-            parallel residual both read the layer's input).
+        norms: Attributes of a layer's norms on residual coordinates: its two pre-norms (before
+            attention, before the FFN; in a parallel residual both read the layer's input), and
+            norms of the sublayers' outputs where the family has them (Gemma 2).
         final_norm: Path of the norm after the last layer.
         embeddings: Path of the token embedding.
         lm_head: Path of the output projection (tied to the embedding if the config says so).
@@ -86,6 +103,8 @@ class DecoderLayout:
         sliding_window: Config field of a sliding-window width, if the family has one. A window
             masks positions and leaves the group unchanged; a width of 1 is refused, since then
             queries and keys do not affect the function (docs/spec.md, section 2, "Masks").
+        qk_norms: Attributes of the attention's per-head norms on queries and on keys (norms of
+            ``norm``'s class, width ``head_dim``, applied before RoPE), if the family has them.
     """
 
     family: str
@@ -95,6 +114,7 @@ class DecoderLayout:
     attention: str = "self_attn"
     projections: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     fused_qkv: bool = False
+    fused_layout: Literal["per_head", "blocks"] = "per_head"
     qkv_bias: BiasRule = False
     out_bias: BiasRule = False
     mlp: str = "mlp"
@@ -102,7 +122,7 @@ class DecoderLayout:
     mlp_output: str = "down_proj"
     mlp_bias: BiasRule = False
     norm: Literal["rms", "layer"] = "rms"
-    norms: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
+    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
     final_norm: str = "model.norm"
     embeddings: str = "model.embed_tokens"
     lm_head: str = "lm_head"
@@ -111,6 +131,7 @@ class DecoderLayout:
     rope_layout: PairLayout = "half"
     rotary_fraction: float | str = 1.0
     sliding_window: str | None = None
+    qk_norms: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if len(self.projections) != (2 if self.fused_qkv else 4):
@@ -146,7 +167,7 @@ class DecoderAdapter(CausalLMAdapter):
         index = ParameterIndex(model)
         self._check_storage(model, index)
         d, h = c.hidden_size, c.num_attention_heads
-        h_kv = getattr(c, "num_key_value_heads", None) or h  # a fused per-head QKV has no GQA
+        h_kv = getattr(c, "num_key_value_heads", None) or h  # GPT-NeoX's fused per-head QKV has no GQA
         head_dim = getattr(c, "head_dim", None) or d // h
         rotary = self._rotary(model, head_dim)
         residual = index.axes((f"{layout.embeddings}.weight", 1), (f"{layout.lm_head}.weight", 1))
@@ -155,10 +176,17 @@ class DecoderAdapter(CausalLMAdapter):
             p = f"{layout.layers}.{i}"
             projections = tuple(f"{p}.{layout.attention}.{x}" for x in layout.projections)
             shape = dict(width=d, num_heads=h, head_dim=head_dim, pe="rope", rotary=rotary)
-            if layout.fused_qkv:
+            if layout.fused_qkv and layout.fused_layout == "blocks":
+                attention = block_fused_attention(
+                    index, f"{p}.{layout.attention}", *projections, num_kv_heads=h_kv, **shape
+                )
+            elif layout.fused_qkv:
                 attention = per_head_fused_attention(index, f"{p}.{layout.attention}", *projections, **shape)
             else:
                 attention = linear_attention(index, f"{p}.{layout.attention}", projections, num_kv_heads=h_kv, **shape)
+            if layout.qk_norms is not None:
+                query_norm, key_norm = (f"{p}.{layout.attention}.{norm}.weight" for norm in layout.qk_norms)
+                attention = dataclasses.replace(attention, query_norm=query_norm, key_norm=key_norm)
             inputs = tuple(f"{p}.{layout.mlp}.{x}" for x in layout.mlp_inputs)
             output = f"{p}.{layout.mlp}.{layout.mlp_output}"
             feed_forward = linear_feed_forward(index, f"{p}.{layout.mlp}", inputs, output, c.intermediate_size)
@@ -183,7 +211,7 @@ class DecoderAdapter(CausalLMAdapter):
             require_class(layer, (classes["layer"],), p)
             require_class(layer.get_submodule(layout.attention), (classes["attention"],), f"{p}.{layout.attention}")
             require_class(layer.get_submodule(layout.mlp), (classes["mlp"],), f"{p}.{layout.mlp}")
-            for norm in layout.norms:
+            for norm in layout.norms + tuple(f"{layout.attention}.{n}" for n in layout.qk_norms or ()):
                 require_class(layer.get_submodule(norm), (classes["norm"],), f"{p}.{norm}")
                 expected.update(f"{p}.{norm}.{x}" for x in norm_parameters)
             linears = [(f"{layout.attention}.{x}", layout.qkv_bias) for x in layout.qkv_projections]
@@ -266,6 +294,56 @@ class MistralAdapter(DecoderAdapter):
 class Qwen2Adapter(DecoderAdapter):
     layout = DecoderLayout(
         "Qwen2", "transformers.models.qwen2.modeling_qwen2", qkv_bias=True, sliding_window="sliding_window"
+    )
+
+
+@register_adapter("transformers:Qwen3ForCausalLM")
+class Qwen3Adapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "Qwen3",
+        "transformers.models.qwen3.modeling_qwen3",
+        qkv_bias="attention_bias",
+        out_bias="attention_bias",
+        sliding_window="sliding_window",
+        qk_norms=("q_norm", "k_norm"),
+    )
+
+
+@register_adapter("transformers:GemmaForCausalLM")
+class GemmaAdapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "Gemma", "transformers.models.gemma.modeling_gemma", qkv_bias="attention_bias", out_bias="attention_bias"
+    )
+
+
+@register_adapter("transformers:Gemma2ForCausalLM")
+class Gemma2Adapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "Gemma2",
+        "transformers.models.gemma2.modeling_gemma2",
+        qkv_bias="attention_bias",
+        out_bias="attention_bias",
+        norms=(
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ),
+        sliding_window="sliding_window",
+    )
+
+
+@register_adapter("transformers:Phi3ForCausalLM")
+class Phi3Adapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "Phi3",
+        "transformers.models.phi3.modeling_phi3",
+        projections=("qkv_proj", "o_proj"),
+        fused_qkv=True,
+        fused_layout="blocks",
+        mlp_inputs=("gate_up_proj",),
+        rotary_fraction="partial_rotary_factor",
+        sliding_window="sliding_window",
     )
 
 

@@ -10,6 +10,11 @@
   its hidden units are residual coordinates; the pre-training model's next-sentence head reads
   the tanh pooler, whose hidden units permute on their own.
 
+- ViT (``ViTForImageClassification``, transformers' own, not timm's) is a pre-norm encoder over
+  patch tokens: a ``Conv2d`` patch projection, a class token and learned positions added to the
+  stream, separate ``q/k/v/o_proj`` Linears, a GELU MLP, and a classifier reading the class
+  token after the final LayerNorm.
+
 Llama-like decoders (Llama, Mistral, Qwen2) are declared as data in :mod:`lmc.adapters.decoders`.
 """
 
@@ -140,8 +145,11 @@ class _EncoderAdapter(_TokenAdapter):
         d, h = c.hidden_size, c.num_attention_heads
         rotary = self.rotary(model)
         e = f"{self.base}.embeddings"
-        if index.optional(f"{self.base}.embeddings_project.weight"):
-            residual = index.linear_writes(f"{self.base}.embeddings_project")  # embeddings live in their own width
+        projection = f"{self.base}.embeddings_project"
+        task_heads = []
+        if index.optional(f"{projection}.weight"):
+            residual = index.linear_writes(projection)
+            task_heads.append(self._embedding_space(index, e, projection, c.embedding_size))
         else:
             residual = index.axes(
                 (f"{e}.word_embeddings.weight", 1),
@@ -150,7 +158,7 @@ class _EncoderAdapter(_TokenAdapter):
             )
             residual += index.elementwise(f"{e}.LayerNorm")
         # Post-norm: each LayerNorm reads the sum of the stream and a sublayer's output.
-        readers = [] if index.optional(f"{self.base}.embeddings_project.weight") else [f"{e}.LayerNorm"]
+        readers = [] if task_heads else [f"{e}.LayerNorm"]
         blocks = []
         layers = getattr(model, self.base).encoder.layer
         for i in range(c.num_hidden_layers):
@@ -182,7 +190,6 @@ class _EncoderAdapter(_TokenAdapter):
             residual += index.linear_reads(f"{p}.intermediate.dense") + index.linear_writes(f"{p}.output.dense")
             residual += index.elementwise(f"{p}.output.LayerNorm")
             readers += [f"{p}.attention.output.LayerNorm", f"{p}.output.LayerNorm"]
-        task_heads = []
         if self.task_head is not None:
             first, second = self.task_head
             residual += index.linear_reads(first)
@@ -198,6 +205,20 @@ class _EncoderAdapter(_TokenAdapter):
             fixed=fixed,
             task_heads=tuple(task_heads),
         )
+
+    @staticmethod
+    def _embedding_space(index: ParameterIndex, embeddings: str, projection: str, size: int) -> AxisPermutation:
+        """RoFormer's embeddings when ``embedding_size != hidden_size``: a space of their own.
+
+        ``x = LN(E_word[t] + E_type[s]) P^T + b``: the embedding columns, the LayerNorm's gain
+        and bias and ``P``'s input columns permute together, apart from the residual stream
+        that ``P`` writes (docs/spec.md, section 2, "Beyond attention").
+        """
+        axes = index.axes(
+            (f"{embeddings}.word_embeddings.weight", 1), (f"{embeddings}.token_type_embeddings.weight", 1)
+        )
+        axes += index.elementwise(f"{embeddings}.LayerNorm") + index.linear_reads(projection)
+        return AxisPermutation(embeddings, size, tuple(axes), readers=(f"{embeddings}.LayerNorm", projection))
 
     def _prediction_head(
         self, model: nn.Module, index: ParameterIndex, width: int
@@ -280,3 +301,81 @@ class RoFormerAdapter(_EncoderAdapter):
         table = model.roformer.encoder.embed_positions.weight.detach()  # (positions, head_dim): [sin | cos]
         sin, cos = table.chunk(2, dim=-1)
         return rotary_from_cos_sin("interleaved", rotary_pairs("interleaved", head_dim), cos, sin)
+
+
+@register_adapter("transformers:ViTForImageClassification")
+class ViTAdapter(ModelAdapter):
+    """transformers' ViT: the group of timm's ``VisionTransformer`` (docs/spec.md, section 2) in HF storage."""
+
+    def spec(self, model: nn.Module) -> SymmetrySpec:
+        from transformers.models.vit.modeling_vit import ViTAttention, ViTEmbeddings, ViTLayer, ViTMLP
+
+        c = model.config
+        index = ParameterIndex(model)
+        d = c.hidden_size
+        require_class(model.vit.embeddings, (ViTEmbeddings,), "vit.embeddings")
+        e = "vit.embeddings"
+        residual = index.axes((f"{e}.cls_token", 2), (f"{e}.position_embeddings", 2), (f"{e}.mask_token", 2))
+        residual += index.linear_writes(f"{e}.patch_embeddings.projection")  # Conv2d: out channels first
+        blocks, readers = [], []
+        for i, layer in enumerate(model.vit.layers):
+            p = f"vit.layers.{i}"
+            require_class(layer, (ViTLayer,), p)
+            require_class(layer.attention, (ViTAttention,), f"{p}.attention")
+            require_class(layer.mlp, (ViTMLP,), f"{p}.mlp")
+            projections = tuple(f"{p}.attention.{x}_proj" for x in "qkvo")
+            attention = linear_attention(
+                index,
+                f"{p}.attention",
+                projections,
+                width=d,
+                num_heads=c.num_attention_heads,
+                num_kv_heads=c.num_attention_heads,
+                head_dim=layer.attention.head_dim,
+                pe="absolute",
+            )
+            feed_forward = linear_feed_forward(
+                index, f"{p}.mlp", (f"{p}.mlp.fc1",), f"{p}.mlp.fc2", c.intermediate_size
+            )
+            blocks.append(BlockSpec(attention, feed_forward))
+            residual += [axis for q in projections[:3] for axis in index.linear_reads(q)]
+            residual += index.linear_writes(projections[3]) + index.linear_reads(f"{p}.mlp.fc1")
+            residual += index.linear_writes(f"{p}.mlp.fc2")
+            residual += index.elementwise(f"{p}.layernorm_before") + index.elementwise(f"{p}.layernorm_after")
+            readers += [f"{p}.layernorm_before", f"{p}.layernorm_after"]
+        residual += index.elementwise("vit.layernorm") + index.linear_reads("classifier")
+        readers.append("vit.layernorm")
+        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual), tuple(readers)))
+
+    # save_pretrained writes each layer in the layout of older transformers (its conversion mapping, reversed).
+    SAVED_MODULES = {
+        "attention.q_proj": "attention.attention.query",
+        "attention.k_proj": "attention.attention.key",
+        "attention.v_proj": "attention.attention.value",
+        "attention.o_proj": "attention.output.dense",
+        "mlp.fc1": "intermediate.dense",
+        "mlp.fc2": "output.dense",
+        "layernorm_before": "layernorm_before",
+        "layernorm_after": "layernorm_after",
+    }
+
+    def saved_names(self, model: nn.Module) -> dict[str, str]:
+        names = {}
+        for name, _ in model.named_parameters():
+            head, _, rest = name.partition("vit.layers.")
+            if head or not rest:
+                continue
+            layer, _, inner = rest.partition(".")
+            module, _, leaf = inner.rpartition(".")
+            if module in self.SAVED_MODULES:
+                names[name] = f"vit.encoder.layer.{layer}.{self.SAVED_MODULES[module]}.{leaf}"
+        return names
+
+    def model_inputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"pixel_values": batch["inputs"]}
+
+    def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        c = model.config
+        dtype = model.vit.embeddings.patch_embeddings.projection.weight.dtype
+        shape = (batch_size, c.num_channels, c.image_size, c.image_size)
+        return {"pixel_values": torch.randn(shape, generator=generator, dtype=dtype)}

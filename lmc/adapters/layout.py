@@ -133,6 +133,51 @@ def per_head_fused_attention(
     )
 
 
+def block_fused_attention(
+    index: ParameterIndex,
+    name: str,
+    qkv: str,
+    out: str,
+    *,
+    width: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    pe: str,
+    rotary: RotaryLayout | None = None,
+) -> AttentionSpec:
+    """Attention whose one ``nn.Linear`` ``qkv`` stores ``[Q | K | V]`` row blocks, head-major (Phi-3's ``qkv_proj``).
+
+    With grouped-query attention the blocks have ``num_heads``, ``num_kv_heads`` and
+    ``num_kv_heads`` heads: the keys start at row ``num_heads * head_dim``, the values
+    ``num_kv_heads * head_dim`` later.
+    """
+    offsets = (0, num_heads * head_dim, (num_heads + num_kv_heads) * head_dim)
+
+    def slots(parameter: str) -> list[HeadSlot | None]:
+        return [HeadSlot(parameter, 0, offset) if parameter in index.shapes else None for offset in offsets]
+
+    query, key, value = slots(f"{qkv}.weight")
+    query_bias, key_bias, value_bias = slots(f"{qkv}.bias")
+    return AttentionSpec(
+        name=name,
+        width=width,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        pe=pe,
+        rotary=rotary,
+        query=query,
+        key=key,
+        value=value,
+        out=HeadSlot(f"{out}.weight", 1),
+        query_bias=query_bias,
+        key_bias=key_bias,
+        value_bias=value_bias,
+        out_bias=index.optional(f"{out}.bias"),
+    )
+
+
 def linear_feed_forward(
     index: ParameterIndex, name: str, inputs: tuple[str, ...], output: str, hidden: int
 ) -> FeedForwardSpec:

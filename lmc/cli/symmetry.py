@@ -85,7 +85,7 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
             f"{row['symmetry']:9.1e} {row['weights']:8.2f} {row['gl_on_qk']:10.1e} {other:>9s}"
         )
     print(
-        "\nA symmetry keeps outputs to rounding (~1e-16; the RMSNorm of HF Llama, Mistral and Qwen2 computes in "
+        "\nA symmetry keeps outputs to rounding (~1e-16; the RMSNorm of HF Llama, Mistral, Qwen2 and Qwen3 computes in "
         "float32, ~1e-7) while the weights move by O(1).\n"
         "GL on Q/K is a symmetry only without RoPE; an H for the wrong pair layout never is."
     )

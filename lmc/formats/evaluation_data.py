@@ -9,7 +9,10 @@
 - timm image models: an image folder with one subfolder per class (torchvision
   ``ImageFolder``): one folder per class of the model, whose sorted names are labels 0, 1, ...,
   or folders named by class index (``3/``, ``7/``) for a subset of the classes; resized and
-  normalized with the model's timm data config.
+  normalized with the model's timm data config;
+- Hugging Face image classifiers (``ViTForImageClassification``): the same folders, resized to the
+  config's ``image_size`` and normalized with the ``image_mean``/``image_std`` of the model
+  directory's ``preprocessor_config.json`` (``ViTImageProcessor``'s 0.5 and 0.5 without one).
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ def model_task(model: nn.Module) -> Task:
         return "causal_lm"
     if name.endswith("ForSequenceClassification"):
         return "text_classification"
+    if name.endswith("ForImageClassification"):
+        return "image_classification"
     if type(model).__module__.startswith("timm."):
         return "image_classification"
     raise ValueError(
@@ -198,7 +203,7 @@ def evaluation_data(
         )
     identity = {"path": str(path.resolve()), "task": task, **_stamp(path)}
     if task == "image_classification":
-        return EvaluationData(_image_folder(path, model), task, identity)
+        return EvaluationData(_image_folder(path, model, tokenizer_folder), task, identity)
     positions = _positions(model.config)
     if sequence_length is None:
         sequence_length = DEFAULT_SEQUENCE_LENGTH if positions is None else min(DEFAULT_SEQUENCE_LENGTH, positions)
@@ -324,16 +329,33 @@ def _labels(values: list, config, path: Path) -> torch.Tensor:
     return labels
 
 
-def _image_folder(path: Path, model: nn.Module) -> Dataset:
+def _image_transform(model: nn.Module, model_folder: str | Path | None) -> tuple[Any, int, int]:
+    """The evaluation transform of a timm or Hugging Face image model, its channels and its classes."""
+    if type(model).__module__.startswith("timm."):
+        from timm.data import create_transform, resolve_data_config
+
+        config = resolve_data_config({}, model=model)
+        return create_transform(**config, is_training=False), config["input_size"][0], model.num_classes
+    from torchvision import transforms
+
+    config = model.config
+    processor = Path(model_folder) / "preprocessor_config.json" if model_folder is not None else None
+    settings = json.loads(processor.read_text()) if processor is not None and processor.is_file() else {}
+    channels = config.num_channels
+    mean, std = settings.get("image_mean", [0.5] * channels), settings.get("image_std", [0.5] * channels)
+    steps = [transforms.Resize((config.image_size, config.image_size)), transforms.ToTensor()]
+    return transforms.Compose([*steps, transforms.Normalize(mean, std)]), channels, config.num_labels
+
+
+def _image_folder(path: Path, model: nn.Module, model_folder: str | Path | None) -> Dataset:
     from PIL import Image
-    from timm.data import create_transform, resolve_data_config
     from torchvision.datasets import ImageFolder
 
     if not path.is_dir():
-        raise ValueError(f"{path} is not a folder: a timm model evaluates on an image folder, one subfolder per class")
-    config = resolve_data_config({}, model=model)
-    channels = config["input_size"][0]
-    transform = create_transform(**config, is_training=False)
+        raise ValueError(
+            f"{path} is not a folder: an image model evaluates on an image folder, one subfolder per class"
+        )
+    transform, channels, num_classes = _image_transform(model, model_folder)
 
     def load(file: str) -> Image.Image:
         with Image.open(file) as image:
@@ -345,14 +367,12 @@ def _image_folder(path: Path, model: nn.Module) -> Dataset:
         raise ValueError(f"{path}: {error}; put the images in one subfolder per class") from error
     if all(name.isdigit() for name in folder.classes):  # folders named by class index: any subset of the classes
         indices = [int(name) for name in folder.classes]
-        if max(indices) >= model.num_classes:
-            raise ValueError(
-                f"{path}: class folder {max(indices)} is not one of the model's {model.num_classes} classes"
-            )
+        if max(indices) >= num_classes:
+            raise ValueError(f"{path}: class folder {max(indices)} is not one of the model's {num_classes} classes")
         folder.target_transform = indices.__getitem__
-    elif len(folder.classes) != model.num_classes:
+    elif len(folder.classes) != num_classes:
         raise ValueError(
-            f"{path} has {len(folder.classes)} class folders, but the model has {model.num_classes} classes: "
+            f"{path} has {len(folder.classes)} class folders, but the model has {num_classes} classes: "
             "labels are the folders' places in sorted order, so give one folder per class of the model, or name "
             "each folder by its class index (0, 1, ...)"
         )

@@ -1,7 +1,9 @@
 """Stage 2 of attention alignment: the per-head group elements (paper Section 5; docs/spec.md, section 3).
 
 Per matched key/value group, ``C`` (Q/K, in ``GL`` or ``H``) and ``B`` (V/O, in ``GL``): the best
-orthogonal element, then L-BFGS on the exact objective, biases included. Both problems have
+orthogonal element, then L-BFGS on the exact objective, biases included. Where ``C`` lies in a
+finite group of orthogonal elements (sign flips, under a per-head QK-norm), the best orthogonal
+element is already the best one: no refinement, and never an element outside the group. Both problems have
 one form,
 
     F(C) = ||X C - X'||^2 + ||Y C^{-T} - Y'||^2
@@ -20,7 +22,7 @@ import torch
 
 from lmc.matching.grams import LayerGrams, frobenius_inner, trace
 from lmc.matching.options import AlignOptions, Method
-from lmc.symmetry import AttentionSpec, AttentionTransform, TiedGroup, qk_group, vo_group
+from lmc.symmetry import AttentionSpec, AttentionTransform, QKGroup, TiedGroup, qk_group, vo_group
 
 
 @dataclass
@@ -63,7 +65,7 @@ class Stage2Problem:
         return (self.objective(c) + self.target_norm).clamp(min=0)
 
 
-def orthogonal_start(problem: Stage2Problem, group: TiedGroup) -> torch.Tensor:
+def orthogonal_start(problem: Stage2Problem, group: QKGroup) -> torch.Tensor:
     """The best orthogonal ``C`` of the group for each problem, ``(n, d_h, d_h)``.
 
     For orthogonal ``C``, ``C^{-T} = C`` and ``tr(C^T A C) = tr(A)``, so this maximizes
@@ -94,9 +96,12 @@ def least_squares_start(problem: Stage2Problem, group: TiedGroup, start: torch.T
 
 
 def refine(
-    problems: list[Stage2Problem], groups: list[TiedGroup], starts: list[torch.Tensor], options: AlignOptions
+    problems: list[Stage2Problem], groups: list[QKGroup], starts: list[torch.Tensor], options: AlignOptions
 ) -> list[torch.Tensor]:
     """Minimize every ``F`` by one L-BFGS run over all problems' group coordinates.
+
+    A finite group (``num_coordinates == 0``: sign flips) keeps its start: every element is
+    orthogonal, so :func:`orthogonal_start` already minimizes ``F`` over it.
 
     Each problem starts from the best of its given start and the least-squares candidates
     (:func:`least_squares_start`). The problems are independent, so one run over the
@@ -112,8 +117,20 @@ def refine(
     Returns:
         The refined ``C`` of each problem, float64; never worse than its start.
     """
-    if options.steps == 0:
+    continuous = [i for i, group in enumerate(groups) if group.num_coordinates]
+    if options.steps == 0 or not continuous:
         return starts
+    refined = list(starts)
+    descended = _descend(*([items[i] for i in continuous] for items in (problems, groups, starts)), options)
+    for i, c in zip(continuous, descended):
+        refined[i] = c
+    return refined
+
+
+def _descend(
+    problems: list[Stage2Problem], groups: list[TiedGroup], starts: list[torch.Tensor], options: AlignOptions
+) -> list[torch.Tensor]:
+    """:func:`refine` over groups with coordinates."""
     starts = [least_squares_start(p, g, start) for p, g, start in zip(problems, groups, starts)]
     scales = [p.target_norm.clamp(min=torch.finfo(torch.float64).tiny)[:, None, None] for p in problems]
     pieces = [g.to_coordinates(c) for g, c in zip(groups, starts)]
@@ -152,7 +169,7 @@ def refine(
     return refined
 
 
-def solve_stage2(problem: Stage2Problem, group: TiedGroup, options: AlignOptions) -> torch.Tensor:
+def solve_stage2(problem: Stage2Problem, group: QKGroup, options: AlignOptions) -> torch.Tensor:
     """Orthogonal start, then the gradient refinement if the method runs ``full``; ``(n, d_h, d_h)`` float64."""
     start = orthogonal_start(problem, group)
     return refine([problem], [group], [start], options)[0] if options.last_stage == "full" else start

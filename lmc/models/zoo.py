@@ -6,7 +6,7 @@ downloaded: HF and timm models are built from configs.
 
 Each family reads a :class:`~lmc.tasks.DataInfo` in one place: a small function mapping it to
 that family's config fields (``_reference_fields``, ``_gpt_fields``, ``_encoder_fields``,
-``_timm_fields``), which also refuses data of a task the family cannot do.
+``_timm_fields``, ``_vit_fields``), which also refuses data of a task the family cannot do.
 """
 
 from __future__ import annotations
@@ -142,6 +142,12 @@ def _timm_fields(data: DataInfo) -> dict[str, Any]:
     return {"img_size": data.image_size, "in_chans": data.in_channels, "num_classes": data.num_classes}
 
 
+def _vit_fields(data: DataInfo) -> dict[str, Any]:
+    """Hugging Face ViT image classifiers."""
+    _check_task("ViT", data, ("image_classification",))
+    return {"image_size": data.image_size, "num_channels": data.in_channels, "num_labels": data.num_classes}
+
+
 def _config(
     data: DataInfo | None,
     overrides: dict[str, Any],
@@ -253,6 +259,28 @@ _FAMILIES: dict[str, ModelFactory] = {
         _gpt_fields("max_position_embeddings"),
     ),
     "qwen2-tiny": _hf("Qwen2Config", "Qwen2ForCausalLM", _LLAMA_TINY, _gpt_fields("max_position_embeddings")),
+    # Per-head RMSNorms on queries and keys (q_norm, k_norm); Qwen3's head_dim is a field of its own.
+    "qwen3-tiny": _hf(
+        "Qwen3Config", "Qwen3ForCausalLM", dict(_LLAMA_TINY, head_dim=8), _gpt_fields("max_position_embeddings")
+    ),
+    # (1 + w) RMSNorms, embeddings scaled by sqrt(d), GeGLU, tied head; Gemma 2 adds sublayer output norms,
+    # soft-capped attention and final logits and a window (shorter than the probe) on alternating layers.
+    "gemma-tiny": _hf(
+        "GemmaConfig", "GemmaForCausalLM", dict(_LLAMA_TINY, head_dim=8), _gpt_fields("max_position_embeddings")
+    ),
+    "gemma2-tiny": _hf(
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(_LLAMA_TINY, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
+        _gpt_fields("max_position_embeddings"),
+    ),
+    # Fused [Q | K | V] rows with GQA and fused [gate | up]; half of each head rotary.
+    "phi3-tiny": _hf(
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(_LLAMA_TINY, pad_token_id=0, partial_rotary_factor=0.5),
+        _gpt_fields("max_position_embeddings"),
+    ),
     # Pythia's layout: fused per-head QKV, half of each head rotary, parallel residual (the config's default).
     "gpt-neox-tiny": _hf(
         "GPTNeoXConfig",
@@ -269,6 +297,23 @@ _FAMILIES: dict[str, ModelFactory] = {
             eos_token_id=0,
         ),
         _gpt_fields("max_position_embeddings"),
+    ),
+    # transformers' own ViT (not timm's): separate q/k/v/o_proj, a Conv2d patch projection.
+    "hf-vit-tiny": _hf(
+        "ViTConfig",
+        "ViTForImageClassification",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=8,
+            patch_size=2,
+            num_channels=1,
+            num_labels=10,
+            **_NO_DROPOUT,
+        ),
+        _vit_fields,
     ),
     "vit-tiny": _timm("vit_tiny_patch16_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),
     "rope-vit-tiny": _timm("vit_base_patch16_rope_224", dict(embed_dim=32, depth=2, num_heads=4, **_VIT)),

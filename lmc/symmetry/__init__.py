@@ -1,13 +1,21 @@
 """Exact weight-space symmetries of Transformers as data and math (paper Sections 2-4; docs/spec.md, section 2).
 
 Specs (:mod:`lmc.symmetry.spec`) say where each group acts and which blocks a scope covers;
-:mod:`lmc.symmetry.groups` holds ``GL`` and RoPE's ``H``; :mod:`lmc.symmetry.transforms`
-samples, applies, inverts and composes elements. Nothing here knows a model class: the
+:mod:`lmc.symmetry.groups` holds ``GL``, RoPE's ``H`` and the sign flips left by per-head QK-norms;
+:mod:`lmc.symmetry.transforms` samples, applies, inverts and composes elements. Nothing here knows a model class: the
 model-level entry points (``model_spec``, ``describe``, ``random_symmetry``, ...) live in
 :mod:`lmc.adapters`, which turns models into specs.
 """
 
-from lmc.symmetry.groups import TiedGroup, general_linear, other_pair_layout, rotary_commutant
+from lmc.symmetry.groups import (
+    QKGroup,
+    SignFlips,
+    TiedGroup,
+    general_linear,
+    other_pair_layout,
+    rotary_commutant,
+    sign_flips,
+)
 from lmc.symmetry.spec import (
     SCOPES,
     AttentionSpec,
@@ -39,8 +47,10 @@ __all__ = [
     "AxisPermutation",
     "HeadSlot",
     "ModelTransform",
+    "QKGroup",
     "RotaryLayout",
     "Scope",
+    "SignFlips",
     "SymmetrySpec",
     "TiedGroup",
     "attention_parameters",
@@ -55,6 +65,7 @@ __all__ = [
     "sample_attention_transform",
     "sample_transform",
     "scope_blocks",
+    "sign_flips",
     "transform_attention",
     "vo_group",
     "write_attention",

@@ -12,6 +12,9 @@ tied (each entry is zero or ``+-`` one shared coordinate). That one description 
 Such a subspace is the commutant of the rotations the model applies, hence closed under
 products and inverses; the exponential of any of its elements lies in the group, which is how
 we sample well-conditioned elements.
+
+A per-head RMSNorm on queries and keys (Qwen3's ``q_norm``/``k_norm``) leaves a finite group
+instead: :class:`SignFlips`, one sign per rotary pair and per unrotated coordinate.
 """
 
 from __future__ import annotations
@@ -162,6 +165,95 @@ class TiedGroup:
 
     def _flat(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return self.index.flatten().to(device), self.sign.flatten().to(device)
+
+
+@dataclass(frozen=True)
+class SignFlips:
+    """The finite group of ``diag(eps)``, ``eps`` in ``{+1, -1}``, one sign per block of coordinates.
+
+    The Q/K group of attention with a per-head RMSNorm on queries and keys whose gains are
+    generic (docs/spec.md, section 2, "Per-head QK-norm"): each rotary pair flips as a whole,
+    each unrotated coordinate alone. It has no continuous part (``num_coordinates == 0``) and
+    every element is orthogonal, so :meth:`nearest_orthogonal` is the exact best element for
+    Stage 2; there is nothing to refine.
+
+    Attributes:
+        name: ``"signs"``.
+        block: The block of each coordinate, shape ``(dim,)``: coordinates of one block share a sign.
+    """
+
+    name: str
+    block: torch.Tensor
+
+    @property
+    def dim(self) -> int:
+        return self.block.numel()
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.block.max()) + 1
+
+    @property
+    def num_coordinates(self) -> int:
+        """Dimension of the group as a manifold: 0, a finite group of ``2 ** num_blocks`` elements."""
+        return 0
+
+    def elements(self, signs: torch.Tensor) -> torch.Tensor:
+        """The matrices of the given block signs, ``(..., num_blocks) -> (..., dim, dim)``."""
+        return torch.diag_embed(signs[..., self.block.to(signs.device)])
+
+    def nearest_orthogonal(self, correlations: torch.Tensor) -> torch.Tensor:
+        """The elements ``C`` maximizing ``<C, M>``: per block, the sign of ``M``'s diagonal sum over it.
+
+        Every element is orthogonal, so this is also the minimizer of the Stage 2 objective over
+        the whole group (docs/spec.md, section 3): the finite search, solved block by block.
+
+        Args:
+            correlations: ``M``, shape ``(..., dim, dim)``.
+
+        Returns:
+            Elements of the group, same shape.
+        """
+        diagonal = torch.diagonal(correlations, dim1=-2, dim2=-1)
+        sums = torch.zeros(*diagonal.shape[:-1], self.num_blocks, dtype=diagonal.dtype, device=diagonal.device)
+        sums.index_add_(-1, self.block.to(diagonal.device), diagonal)
+        return self.elements(torch.where(sums >= 0, 1.0, -1.0).to(correlations.dtype))
+
+    def contains(self, matrices: torch.Tensor, rtol: float = 1e-10) -> bool:
+        """Whether every matrix is one of the group's sign matrices (to ``rtol``)."""
+        residual = torch.linalg.matrix_norm(matrices - self.nearest_orthogonal(matrices))
+        return bool((residual <= rtol * self.dim**0.5).all())
+
+    def sample(
+        self, count: int, generator: torch.Generator, scale: float = 0.7, dtype: torch.dtype = torch.float64
+    ) -> torch.Tensor:
+        """Uniformly random elements, shape ``(count, dim, dim)`` (``scale`` has no role in a finite group)."""
+        signs = torch.randint(2, (count, self.num_blocks), generator=generator) * 2 - 1
+        return self.elements(signs.to(dtype))
+
+    def to_coordinates(self, matrices: torch.Tensor) -> torch.Tensor:
+        """No coordinates: shape ``(..., 0)``."""
+        return matrices.new_zeros(*matrices.shape[:-2], 0)
+
+    def from_coordinates(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """The identity (the group's only element near it), ``(..., 0) -> (..., dim, dim)``; differentiable."""
+        eye = torch.eye(self.dim, dtype=coordinates.dtype, device=coordinates.device)
+        return eye + coordinates.sum(-1)[..., None, None]  # the empty sum keeps the coordinates in the graph
+
+
+QKGroup = TiedGroup | SignFlips
+"""A group ``C`` of Q/K lies in: tied (``GL``, ``H`` and kin) or finite (sign flips)."""
+
+
+def sign_flips(head_dim: int, rotary: RotaryLayout | None) -> SignFlips:
+    """One sign per rotary pair and per unrotated coordinate of a head of width ``head_dim``."""
+    block = torch.full((head_dim,), -1, dtype=torch.long)
+    pairs = rotary.pairs.tolist() if rotary is not None else []
+    for j, (first, second) in enumerate(pairs):
+        block[first] = block[second] = j
+    unrotated = (block < 0).nonzero().flatten()
+    block[unrotated] = torch.arange(len(pairs), len(pairs) + len(unrotated))
+    return SignFlips(name="signs", block=block)
 
 
 def general_linear(dim: int) -> TiedGroup:

@@ -100,6 +100,10 @@ class AttentionSpec:
         query_bias, key_bias, value_bias: Storage of the per-head biases, if any.
         out_bias: Name of the output bias parameter (width ``d``), if any; the attention
             group leaves it unchanged.
+        query_norm, key_norm: Names of the gains (width ``head_dim``, shared by every head) of a
+            per-head RMSNorm on queries and on keys before RoPE (Qwen3's ``q_norm``/``k_norm``),
+            if any. The group leaves them unchanged, and with either one ``C`` shrinks to sign
+            flips (docs/spec.md, section 2, "Per-head QK-norm").
     """
 
     name: str
@@ -117,6 +121,8 @@ class AttentionSpec:
     value_bias: HeadSlot | None = None
     out_bias: str | None = None
     rotary: RotaryLayout | None = None
+    query_norm: str | None = None
+    key_norm: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -141,8 +147,7 @@ class AttentionSpec:
     def parameters(self) -> tuple[str, ...]:
         """Names of every parameter this layer owns, in first-seen order."""
         names = [slot.parameter for slot in self.slots]
-        if self.out_bias is not None:
-            names.append(self.out_bias)
+        names += [name for name in (self.out_bias, self.query_norm, self.key_norm) if name is not None]
         return tuple(dict.fromkeys(names))
 
 
@@ -210,9 +215,11 @@ class SymmetrySpec:
         residual_note: Why ``residual`` is ``None``, for error messages.
         fixed: Parameters that are constants of the architecture, never trained nor
             re-initialized (RoFormer's sinusoidal table is stored as a frozen parameter).
-        task_heads: Hidden units of task heads that sit between two linear maps with an
-            elementwise nonlinearity of their own (BERT's tanh pooler, RoFormer's classifier
-            MLP): they permute like FFN hidden units. Only ``full_model`` moves them.
+        task_heads: Units outside the blocks that permute on their own, like FFN hidden units:
+            task heads' hidden units between two linear maps with an elementwise nonlinearity
+            of their own (BERT's tanh pooler, RoFormer's classifier MLP), and an embedding
+            space read by a projection into the stream (RoFormer with ``embedding_size !=
+            hidden_size``). Only ``full_model`` moves them.
     """
 
     blocks: tuple[BlockSpec, ...]

@@ -17,13 +17,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lmc.symmetry.groups import TiedGroup, general_linear, rotary_commutant
+from lmc.symmetry.groups import QKGroup, TiedGroup, general_linear, rotary_commutant, sign_flips
 from lmc.symmetry.spec import AttentionSpec, AxisPermutation, Scope, SymmetrySpec, scope_blocks
 from lmc.symmetry.weights import AttentionWeights, read_attention, write_attention
 
 
-def qk_group(spec: AttentionSpec) -> TiedGroup:
-    """The group of ``C`` (Q/K) for this layer: ``GL(d_h)``, or the commutant of its RoPE rotations."""
+def qk_group(spec: AttentionSpec) -> QKGroup:
+    """The group of ``C`` (Q/K) for this layer: ``GL(d_h)``, the commutant of its RoPE rotations, or
+    with a per-head norm on queries or keys the sign flips of its rotary pairs and other coordinates."""
+    if spec.query_norm is not None or spec.key_norm is not None:
+        return sign_flips(spec.head_dim, spec.rotary)
     if spec.rotary is None:
         return general_linear(spec.head_dim)
     return rotary_commutant(spec.head_dim, spec.rotary)
@@ -217,7 +220,7 @@ class ModelTransform:
 
 
 def sample_attention_transform(
-    spec: AttentionSpec, generator: torch.Generator, qk: TiedGroup | None = None
+    spec: AttentionSpec, generator: torch.Generator, qk: QKGroup | None = None
 ) -> AttentionTransform:
     """A random, well-conditioned element of the layer's group (float64).
 

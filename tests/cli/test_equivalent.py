@@ -179,6 +179,18 @@ def test_pythia_folders_are_compared_with_their_residual_form(tmp_path, capsys):
     assert "config.use_parallel_residual (True in a, False in b)" in capsys.readouterr().out
 
 
+def test_hugging_face_vit_folders_are_compared_on_images(tmp_path, capsys):
+    """ViTForImageClassification: a symmetry is equivalent; the class token moved off the stream's order is not."""
+    network = model("hf-vit-tiny", {}, seed=0)
+    a = str(save_hf(network, tmp_path / "a", tokenizer=False))
+    b = str(save_hf(random_symmetry(network, scope="full_model", seed=3), tmp_path / "b", tokenizer=False))
+    assert _exit_status(["equivalent", a, b]) == 0
+    assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
+    with torch.no_grad():
+        network.vit.embeddings.cls_token.copy_(network.vit.embeddings.cls_token.roll(1, dims=2))
+    assert _exit_status(["equivalent", a, str(save_hf(network, tmp_path / "c", tokenizer=False))]) == 1
+
+
 def test_multibert_folders_are_compared_with_both_heads(tmp_path, capsys):
     """BertForPreTraining: a symmetry is equivalent; the pooler's units moved without the next-sentence head are not."""
     network = model("bert-pretraining-tiny", {}, seed=0)

@@ -140,6 +140,7 @@ TOKENS = DataInfo(LM, vocab_size=300, sequence_length=40)
 FAMILY_DATA = {
     "reference-vit-tiny": IMAGES,
     "vit-tiny": IMAGES,
+    "hf-vit-tiny": IMAGES,
     "rope-vit-tiny": IMAGES,
     "eva02-tiny": IMAGES,
     "reference-bert-tiny": TEXTS,
@@ -150,6 +151,10 @@ FAMILY_DATA = {
     "llama-tiny": TOKENS,
     "mistral-tiny": TOKENS,
     "qwen2-tiny": TOKENS,
+    "qwen3-tiny": TOKENS,
+    "gemma-tiny": TOKENS,
+    "gemma2-tiny": TOKENS,
+    "phi3-tiny": TOKENS,
     "gpt-neox-tiny": TOKENS,
 }
 

@@ -19,10 +19,15 @@ HF_MODELS = {
     "bert-mlm": ("bert-mlm-tiny", {}),
     "bert-pretraining": ("bert-pretraining-tiny", {}),
     "roformer": ("roformer-tiny", {}),
+    "roformer-projected": ("roformer-tiny", {"embedding_size": 16}),  # embeddings_project: a space of its own
     "llama-gqa": ("llama-tiny", {"attention_bias": True}),
     "llama-gqa-tied": ("llama-tiny", {"tie_word_embeddings": True}),
     "mistral-swa": ("mistral-tiny", {}),
     "qwen2-gqa": ("qwen2-tiny", {}),
+    "qwen3-gqa": ("qwen3-tiny", {}),  # per-head q_norm, k_norm
+    "phi3-partial": ("phi3-tiny", {}),  # fused [Q | K | V] and [gate | up]
+    "gemma2-capped": ("gemma2-tiny", {}),  # soft-capping, sublayer output norms, tied head
+    "hf-vit": ("hf-vit-tiny", {}),
     "gpt-neox-parallel": ("gpt-neox-tiny", {}),  # its files store lm_head.weight as embed_out.weight
     "gpt-neox-sequential": ("gpt-neox-tiny", {"use_parallel_residual": False, "rotary_pct": 1.0}),
 }

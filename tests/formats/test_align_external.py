@@ -79,7 +79,7 @@ def test_hf_directories_align_and_merge_into_loadable_directories(key, tmp_path,
     assert not list(output.glob(".*"))  # no temporary folder left
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "mistral-tiny", "qwen2-tiny", "gpt-neox-tiny"])
+@pytest.mark.parametrize("name", ["llama-tiny", "mistral-tiny", "qwen2-tiny", "qwen3-tiny", "gpt-neox-tiny"])
 def test_a_planted_pair_is_recovered_through_the_cli(name, tmp_path):
     # The target is the source under a random full_model symmetry: aligning must find the target's weights.
     source = model(name, {}, seed=0, dtype=torch.float64)

@@ -71,7 +71,9 @@ def test_causal_lm_curves_on_a_text_file_with_perplexity_and_every_output(gpt2_p
     assert {"lmc/reference_0/aligned/perplexity", "lmc/reference_0/naive/loss_barrier"} <= scalars
 
 
-@pytest.mark.parametrize("name", ["mistral-tiny", "qwen2-tiny", "gpt-neox-tiny"])
+@pytest.mark.parametrize(
+    "name", ["mistral-tiny", "qwen2-tiny", "qwen3-tiny", "gemma2-tiny", "phi3-tiny", "gpt-neox-tiny"]
+)
 def test_llama_like_decoders_interpolate_with_aligned_end_points_equal(name, tmp_path):
     a, b = (str(save_hf(model(name, {}, seed=s), tmp_path / f"m{s}")) for s in (0, 1))
     text = tmp_path / "eval.txt"
@@ -187,6 +189,33 @@ def test_timm_models_on_an_image_folder(tmp_path):
     assert [int(dataset[i]["labels"]) for i in range(len(dataset))] == [3, 3, 3, 7, 7, 7]  # the folders' indices
     # The accuracy of 6 images is a multiple of 1/6: every image was evaluated once.
     assert all(round(6 * p["accuracy"], 9) == round(6 * p["accuracy"]) for p in naive)
+
+
+def test_hugging_face_vit_on_an_image_folder_normalized_as_its_processor_says(tmp_path):
+    from PIL import Image
+
+    from lmc.formats.evaluation_data import evaluation_data
+
+    folders = [save_hf(model("hf-vit-tiny", {}, seed=s), tmp_path / f"m{s}", tokenizer=False) for s in (0, 1)]
+    (folders[0] / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.25], "image_std": [0.5]}))
+    images = tmp_path / "images"
+    pixels = torch.randint(256, (2, 3, 16, 16), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    for label in ("2", "9"):
+        (images / label).mkdir(parents=True)
+        for index in range(3):
+            Image.fromarray(pixels[int(label == "9"), index].numpy(), mode="L").save(images / label / f"{index}.png")
+    out = tmp_path / "o"
+    a, b = map(str, folders)
+    main(["interpolate", a, b, "--data", str(images), "--output-dir", str(out), "--num-alphas", "3"])
+    naive, aligned = (_result(out)["curves"][kind]["points"] for kind in ("naive", "aligned"))
+    assert aligned[0] == naive[0] and aligned[-1]["loss"] == pytest.approx(naive[-1]["loss"], rel=1e-4)
+    assert all(round(6 * p["accuracy"], 9) == round(6 * p["accuracy"]) for p in naive)  # 6 images, once each
+    dataset = evaluation_data(images, load_external(a).model, a).dataset
+    assert [int(dataset[i]["labels"]) for i in range(6)] == [2, 2, 2, 9, 9, 9]
+    with Image.open(images / "2" / "0.png") as image:  # resized as ViTImageProcessor does, then (x - 0.25) / 0.5
+        resized = torch.tensor(list(image.resize((8, 8), Image.BILINEAR).getdata()), dtype=torch.float64)
+    expected = (resized.reshape(1, 8, 8) / 255 - 0.25) / 0.5
+    torch.testing.assert_close(dataset[0]["inputs"].double(), expected, rtol=0, atol=1e-6)
 
 
 def test_data_that_would_be_measured_wrongly_is_refused_by_name(gpt2_pair, tmp_path, capsys):

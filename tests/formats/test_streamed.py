@@ -77,11 +77,22 @@ CASES = [
     ("vit-tiny", torch.float32, False, "first_block"),
     ("mistral-tiny", torch.bfloat16, True, "first_block"),
     ("qwen2-tiny", torch.bfloat16, True, "all_attention"),
+    ("qwen3-tiny", torch.float32, True, "first_attention"),
+    ("gemma-tiny", torch.float32, False, "first_block"),  # tied head
+    ("gemma2-tiny", torch.bfloat16, True, "all_attention"),
+    (
+        "phi3-tiny",
+        torch.float32,
+        True,
+        "first_block",
+    ),  # fused [Q | K | V] blocks and [gate | up]  # q_norm, k_norm in the scope, moved by nothing
     ("bert-pretraining-tiny", torch.float32, True, "first_block"),  # MultiBERTs' heads, outside the scope
     ("bert-mlm-tiny", torch.bfloat16, False, "all_attention"),
     ("gpt-neox-tiny", torch.float32, True, "first_block"),  # embed_out.weight in the files is lm_head.weight
     ("gpt-neox-tiny", torch.bfloat16, False, "all_attention"),
     ("rope-vit-tiny", torch.bfloat16, False, "all_attention"),
+    ("hf-vit-tiny", torch.float32, True, "first_block"),  # transformers' ViT, not timm's
+    ("hf-vit-tiny", torch.bfloat16, False, "all_attention"),
 ]
 
 

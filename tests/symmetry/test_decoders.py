@@ -6,6 +6,7 @@ every entry of tests/architectures.DECODERS; these check what is specific to eac
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -15,7 +16,7 @@ from torch import nn
 from lmc.adapters import UnsupportedModelError, adapter_for, apply_transform, describe, model_spec, random_symmetry
 from lmc.adapters.decoders import DecoderAdapter, DecoderLayout
 from lmc.models import create_model, randomize_parameters_
-from lmc.symmetry import SCOPES, ModelTransform, qk_group, sample_attention_transform
+from lmc.symmetry import SCOPES, ModelTransform, general_linear, qk_group, sample_attention_transform
 from tests.architectures import DECODERS, build, relative_difference
 from tests.symmetry.test_groups import commutant_dimension, rotations
 
@@ -24,6 +25,10 @@ NORMS = {
     "llama-gqa": "transformers.models.llama.modeling_llama:LlamaRMSNorm",
     "mistral-swa": "transformers.models.mistral.modeling_mistral:MistralRMSNorm",
     "qwen2-gqa": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
+    "qwen3-gqa": "transformers.models.qwen3.modeling_qwen3:Qwen3RMSNorm",  # q_norm and k_norm too
+    "gemma-gqa": "transformers.models.gemma.modeling_gemma:GemmaRMSNorm",
+    "phi3-partial": "transformers.models.phi3.modeling_phi3:Phi3RMSNorm",
+    "gemma2-capped": "transformers.models.gemma2.modeling_gemma2:Gemma2RMSNorm",
 }
 
 
@@ -44,11 +49,18 @@ def _float64_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Ten
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
+def _float64_gemma_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Gemma's RMSNorm (gain ``1 + w``) without its cast to float32."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return hidden_states * torch.rsqrt(variance + self.eps) * (1.0 + self.weight)
+
+
 @pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("key", DECODERS)
 def test_random_symmetry_is_exact_when_the_norms_compute_in_float64(key, scope, monkeypatch):
     module, name = NORMS[key].split(":")
-    monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", _float64_rms_norm)
+    forward = _float64_gemma_rms_norm if key.startswith("gemma") else _float64_rms_norm
+    monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", forward)
     model = build(key)
     transformed = random_symmetry(model, scope=scope, seed=1)
     assert relative_difference(outputs(model), outputs(transformed)) < 1e-12
@@ -138,3 +150,98 @@ def test_a_declared_rotary_fraction_is_checked_against_the_model():
 
     with pytest.raises(UnsupportedModelError, match=r"Llama rotary width 8 != 4 \(rotary_fraction 0.5"):
         HalfRotaryLlama().spec(create_model("llama-tiny", dtype=torch.float64))  # no biases, as declared
+
+
+def test_gemma2_caps_and_windows_its_scores_and_keeps_llamas_group(monkeypatch):
+    """Soft-capping maps each score (and logit) injectively: the group is G_RoPE (spec.md, "Other variants")."""
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+
+    monkeypatch.setattr(Gemma2RMSNorm, "forward", _float64_gemma_rms_norm)
+    model = build("gemma2-capped")
+    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+    assert [(layer["qk_group"], layer["qk_group_dim"]) for layer in describe(model)] == [("H", 8), ("H", 8)]
+    without = {"attn_logit_softcapping": None, "final_logit_softcapping": None, "layer_types": ["full_attention"] * 2}
+    for field, value in without.items():
+        other = create_model("gemma2-tiny", dtype=torch.float64, attention_bias=True, **{field: value})
+        randomize_parameters_(other, seed=0)  # the same weights
+        assert relative_difference(outputs(model), outputs(other)) > BROKEN, field  # each one acts on the probe
+    layer = model_spec(model).blocks[0].attention
+    element = sample_attention_transform(layer, torch.Generator().manual_seed(2))
+    assert (
+        relative_difference(outputs(model), outputs(apply_transform(model, ModelTransform(attention={0: element}))))
+        < 1e-12
+    )
+    too_large = sample_attention_transform(layer, torch.Generator().manual_seed(2), general_linear(8))
+    broken = apply_transform(model, ModelTransform(attention={0: too_large}))
+    assert relative_difference(outputs(model), outputs(broken)) > BROKEN
+
+
+def test_phi3_reads_its_fused_rows_as_blocks_and_moves_both_copies_of_each_unit(monkeypatch):
+    """[Q | K | V] blocks with GQA (not GPT-NeoX's per-head rows); a unit's gate and up rows move together."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RMSNorm
+
+    from lmc.symmetry import HeadSlot, read_attention, transform_attention, write_attention
+    from lmc.symmetry.transforms import permute_axes
+
+    monkeypatch.setattr(Phi3RMSNorm, "forward", _float64_rms_norm)
+    model = build("phi3-partial")
+    layer = model_spec(model).blocks[0].attention
+    qkv = model.model.layers[0].self_attn.qkv_proj.weight
+    weights = read_attention(dict(model.named_parameters()), layer)
+    assert torch.equal(weights.key[1], qkv[32 + 8 : 32 + 16].T) and torch.equal(weights.value[0], qkv[48:56].T)
+    element = sample_attention_transform(layer, torch.Generator().manual_seed(2))
+    kept = apply_transform(model, ModelTransform(attention={0: element}))
+    assert relative_difference(outputs(model), outputs(kept)) < 1e-12
+    # The same element with the key and value blocks read the other way round moves the wrong rows.
+    name = f"{layer.name}.qkv_proj.weight"
+    wrong = dataclasses.replace(layer, key=HeadSlot(name, 0, 48), value=HeadSlot(name, 0, 32))
+    broken = apply_transform(model, ModelTransform())
+    parameters = dict(broken.named_parameters())
+    write_attention(parameters, wrong, transform_attention(read_attention(parameters, wrong), element))
+    assert relative_difference(outputs(model), outputs(broken)) > BROKEN
+    shift = torch.roll(torch.arange(64), 1)
+    gate_only = apply_transform(model, ModelTransform())
+    with torch.no_grad():
+        rows = gate_only.model.layers[0].mlp.gate_up_proj.weight
+        rows[:64] = rows[:64][shift].clone()  # the gate copy alone
+    assert relative_difference(outputs(model), outputs(gate_only)) > BROKEN
+    both = apply_transform(model, ModelTransform())
+    permute_axes(dict(both.named_parameters()), model_spec(model).blocks[0].feed_forward.hidden, shift)
+    assert relative_difference(outputs(model), outputs(both)) < 1e-12
+
+
+def test_a_swiglu_unit_scales_on_up_and_down_exactly_but_not_on_its_gate(monkeypatch):
+    """An exact symmetry lmc leaves out of its group (docs/spec.md, section 2): up by a, down by 1/a, per unit."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", _float64_rms_norm)
+    model = build("llama-gqa")
+    reference = outputs(model)
+    scales = torch.linspace(-2.0, 3.0, 64, dtype=torch.float64)  # non-zero, signs included
+    scales[scales.abs() < 0.1] = 0.5
+    for projection, exact in (("up_proj", True), ("gate_proj", False)):
+        scaled = apply_transform(model, ModelTransform())
+        mlp = scaled.model.layers[0].mlp
+        with torch.no_grad():
+            getattr(mlp, projection).weight.mul_(scales[:, None])
+            mlp.down_proj.weight.div_(scales[None, :])
+        change = relative_difference(reference, outputs(scaled))
+        assert change < 1e-12 if exact else change > BROKEN, (projection, change)
+
+
+def test_a_pre_norm_gain_folds_into_its_linear_readers_exactly(monkeypatch):
+    """Also left out of lmc's group (docs/spec.md, section 2): g / c on the norm, c on every reader's input columns."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", _float64_rms_norm)
+    model = build("llama-gqa")
+    c = torch.linspace(0.5, 2.0, 32, dtype=torch.float64)
+    for readers, exact in ((("q_proj", "k_proj", "v_proj"), True), (("q_proj", "k_proj"), False)):
+        folded = apply_transform(model, ModelTransform())
+        layer = folded.model.layers[0]
+        with torch.no_grad():
+            layer.input_layernorm.weight.div_(c)
+            for name in readers:
+                getattr(layer.self_attn, name).weight.mul_(c[None, :])
+        change = relative_difference(outputs(model), outputs(folded))
+        assert change < 1e-12 if exact else change > BROKEN, (readers, change)

@@ -25,11 +25,18 @@ EXPECTED = {
     "bert-mlm-untied": ("absolute", None, 4, 4, 8, "GL", 64),
     "bert-pretraining": ("absolute", None, 4, 4, 8, "GL", 64),
     "roformer": ("rope", "interleaved", 4, 4, 8, "H", 8),
+    "roformer-projected": ("rope", "interleaved", 4, 4, 8, "H", 8),
     "llama-gqa": ("rope", "half", 4, 2, 8, "H", 8),
     "mistral-swa": ("rope", "half", 4, 2, 8, "H", 8),  # the window masks positions, not head coordinates
     "qwen2-gqa": ("rope", "half", 4, 2, 8, "H", 8),
+    "gemma-gqa": ("rope", "half", 4, 2, 8, "H", 8),
+    "gemma2-capped": ("rope", "half", 4, 2, 8, "H", 8),  # capping and windows act on scores and positions
+    "phi3-partial": ("rope", "half", 4, 2, 8, "H", 4 + 16),  # 2 pairs of H, GL(4) on the rest
+    "qwen3-gqa": ("rope", "half", 4, 2, 8, "signs", 0),  # 2^4 sign flips of the rotary pairs: a finite group
     "gpt-neox-parallel": ("rope", "half", 4, 4, 8, "H", 4 + 16),  # 2 pairs of H, GL(4) on the rest
     "gpt-neox-sequential": ("rope", "half", 4, 4, 8, "H", 8),  # every coordinate rotates
+    "hf-vit": ("absolute", None, 4, 4, 8, "GL", 64),
+    "hf-vit-nobias": ("absolute", None, 4, 4, 4, "GL", 16),
     "timm-vit": ("absolute", None, 4, 4, 8, "GL", 64),
     "timm-rope-vit": ("rope", "axial", 4, 4, 8, "H", 8),
     "timm-eva02": ("rope", "axial", 4, 4, 8, "H", 8),

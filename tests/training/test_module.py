@@ -17,6 +17,7 @@ BACKBONES = {
     "reference-vit-tiny": Digits,
     "vit-tiny": Digits,
     "rope-vit-tiny": Digits,
+    "hf-vit-tiny": Digits,  # transformers' ViTForImageClassification, fed pixel_values
     "gpt2-tiny": PythonDocsLM,
     "llama-tiny": PythonDocsLM,
     "bert-tiny": PythonTextKinds,
