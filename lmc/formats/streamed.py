@@ -15,12 +15,19 @@ shard is written through a stream (its header is the source shard's: aligning ch
 shape or dtype). The output folder is written under a temporary name and renamed into place when
 complete (:func:`~lmc.io.atomic_output_folder`): never half-written, never over an input.
 
-The whole-model probe of :func:`~lmc.matching.align` needs the model in memory; instead each
-aligned attention layer is checked on its own (:func:`~lmc.matching.checks.attention_probe_error`):
-every layer keeping its function keeps the whole model's.
+Every scope streams, ``full_model`` too: the solves are the in-memory ones
+(:func:`~lmc.matching.aligner.weight_alignment`, the coordinate descent over FFN, task-head, head
+and residual permutations for ``full_model``), run on a view that reads each source tensor
+through the group element found so far, so no model is ever held whole: a residual step reads
+every tensor once and keeps only the ``d x d`` correlation, an FFN step that FFN's tensors.
+Every transform is applied to a tensor read as stored, so the aligned weights equal in-memory
+``align``'s bit for bit (a permutation moves values exactly, and each attention layer's
+element is applied once as in memory); the distances equal them up to the order of summation.
 
-Scopes: :data:`STREAMED_SCOPES`. ``full_model`` couples every tensor through the residual-stream
-permutation (coordinate descent over the whole model) and is aligned in memory.
+The whole-model probe of :func:`~lmc.matching.align` needs the model in memory; instead each
+aligned attention layer is checked on its own (:func:`~lmc.matching.checks.attention_probe_error`,
+its input and output moved by the residual permutation): every layer keeping its function (the
+permutations of FFN units and of the residual stream move values exactly) keeps the whole model's.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lmc.adapters import adapter_for, model_spec
+from lmc.adapters import adapter_for, model_spec, scope_parameters
 from lmc.checkpoints import CheckpointError
 from lmc.connectivity.interpolation import check_alphas, interpolate
 from lmc.formats import huggingface, timm_files
@@ -42,6 +49,7 @@ from lmc.formats.external import FORMAT_NAMES, Checkpoint, detect
 from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, write_tensor
 from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
+from lmc.matching.aligner import WeightDescent, weight_alignment
 from lmc.matching.checks import (
     attention_probe_error,
     check_dtype,
@@ -52,11 +60,10 @@ from lmc.matching.checks import (
     check_same_tensors,
     check_unchanged,
 )
-from lmc.matching.layers import align_attention_layer, align_feed_forward_layer
 from lmc.matching.options import checked_options
 from lmc.symmetry import ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
 
-STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block")
+STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
 """The scopes :func:`align_directories` streams."""
 
 
@@ -157,81 +164,122 @@ def _check_inputs(source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, 
     return dtype
 
 
-def _solve(
-    source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, spec: SymmetrySpec, report: AlignmentReport
-) -> None:
-    """The scope's group element, layer by layer, each layer pair read on its own; recorded in ``report``."""
-    options = report.options
-    attention, feed_forward, _ = scope_blocks(spec, report.scope)
-    check_head_orders(options.head_orders, attention, report.scope)
+class _Checked(Mapping[str, torch.Tensor]):
+    """A checkpoint's tensors, each refused by name if it holds NaN or Inf; the last one read is kept."""
 
-    def read(names: Iterable[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        tensors = {name: source[name] for name in names}, {name: target[name] for name in names}
-        for role, layer in zip(("source", "target"), tensors):
-            for name, tensor in layer.items():
-                check_finite(role, name, tensor)
+    def __init__(self, tensors: Mapping[str, torch.Tensor], role: str):
+        self.tensors, self.role, self.kept = tensors, role, ("", None)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if self.kept[0] != name:
+            tensor = self.tensors[name]
+            check_finite(self.role, name, tensor)
+            self.kept = (name, tensor)
+        return self.kept[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
+class _Transformed(Mapping[str, torch.Tensor]):
+    """The source's tensors under the report's transform so far, each read and transformed when looked up.
+
+    An attention layer's tensors are transformed together (its element mixes them); the last
+    group read is kept until the transform changes (:meth:`forget`).
+    """
+
+    def __init__(self, source: Mapping[str, torch.Tensor], spec: SymmetrySpec, report: AlignmentReport):
+        self.source, self.spec, self.report = source, spec, report
+        self.layer_of = {name: i for i, block in enumerate(spec.blocks) for name in block.attention.parameters}
+        self.kept: dict[str, torch.Tensor] = {}
+
+    def group(self, name: str) -> tuple[str, ...]:
+        """The tensors transformed together with ``name``."""
+        index = self.layer_of.get(name)
+        if index is not None and index in self.report.transform.attention:
+            return self.spec.blocks[index].attention.parameters
+        return (name,)
+
+    def transformed(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Tensors ``names`` (whole attention layers) under the transform, in memory of their own."""
+        tensors = {name: self.source[name].clone() for name in names}
+        self.report.transform.apply_(tensors, self.spec, partial=True)
         return tensors
 
-    for index in feed_forward:
-        perm, record = align_feed_forward_layer(*read(spec.blocks[index].feed_forward.parameters), spec, index)
-        report.transform.feed_forward[index] = perm
-        report.layers.append(record)
-    for index in attention:
-        layer = spec.blocks[index].attention
-        order = (options.head_orders or {}).get(index)
-        element, record = align_attention_layer(*read(layer.parameters), layer, options, order)
-        report.transform.attention[index] = element
-        report.layers.append(record)
+    def forget(self) -> None:
+        self.kept = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.kept:
+            self.kept = self.transformed(self.group(name))
+        return self.kept[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.source)
+
+    def __len__(self) -> int:
+        return len(self.source)
 
 
-class _AlignedBlocks:
-    """The transformed tensors of each block in scope, computed when a shard first needs them, each
-    attention layer checked on its probe; a block is dropped once all its tensors are written."""
+class _StreamedDescent(WeightDescent):
+    """Weight matching over two checkpoints on disk: the source is read through the transform so far."""
 
-    def __init__(self, source: SafetensorsCheckpoint, spec: SymmetrySpec, report: AlignmentReport, dtype):
-        self.source, self.spec, self.report, self.dtype = source, spec, report, dtype
-        transform = report.transform
-        self.members: dict[int, tuple[str, ...]] = {}
-        for index in sorted(transform.attention.keys() | transform.feed_forward.keys()):
-            block = spec.blocks[index]
-            names = list(block.attention.parameters) if index in transform.attention else []
-            names += list(block.feed_forward.parameters) if index in transform.feed_forward else []
-            self.members[index] = tuple(dict.fromkeys(names))
-        self.block_of = {name: index for index, names in self.members.items() for name in names}
+    def __init__(self, source: Mapping, target: Mapping, spec: SymmetrySpec, report: AlignmentReport, dtype):
+        original = _Checked(source, "source")
+        super().__init__(
+            _Transformed(original, spec, report), _Checked(target, "target"), original, spec, report, dtype
+        )
+
+    def transform_parameters(self, transform: ModelTransform) -> None:
+        self.parameters.forget()
+
+
+class _AlignedTensors:
+    """The tensors the final transform moves, computed when a shard first needs them; each attention
+    layer's together, checked on its probe and dropped once all its tensors are written."""
+
+    def __init__(self, aligned: _Transformed, report: AlignmentReport, dtype: torch.dtype):
+        self.aligned, self.report, self.dtype = aligned, report, dtype
+        spec, transform = aligned.spec, report.transform
+        permutations = [spec.blocks[i].feed_forward.hidden for i in transform.feed_forward]
+        permutations += [spec.task_heads[i] for i in transform.task_heads]
+        permutations += [spec.residual] if transform.residual is not None else []
+        self.moved = {name for permutation in permutations for name, _ in permutation.axes}
+        self.moved |= {name for i in transform.attention for name in spec.blocks[i].attention.parameters}
         self.ready: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]] = {}
 
     def take(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Tensor ``name`` of the source and aligned."""
-        index = self.block_of[name]
+        group = self.aligned.group(name)
+        if len(group) == 1:
+            return self.aligned.source[name], self.aligned.transformed(group)[name]
+        index = self.aligned.layer_of[name]
         if index not in self.ready:
-            self.ready[index] = (*self._align(index), set())
+            self.ready[index] = (*self._align(index, group), set())
         source, aligned, written = self.ready[index]
         written.add(name)
-        if len(written) == len(self.members[index]):
+        if len(written) == len(group):
             del self.ready[index]
         return source[name], aligned[name]
 
-    def _align(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        source = {name: self.source[name] for name in self.members[index]}
-        aligned = {name: tensor.clone() for name, tensor in source.items()}
-        transform = self.report.transform
-        ModelTransform(
-            attention={i: t for i, t in transform.attention.items() if i == index},
-            feed_forward={i: p for i, p in transform.feed_forward.items() if i == index},
-        ).apply_(aligned, self.spec)
-        if index in transform.attention:
-            layer, options = self.spec.blocks[index].attention, self.report.options
-            error = attention_probe_error(layer, source, aligned, options.seed)
-            self.report.probe_relative_error = max(self.report.probe_relative_error, error)
-            check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
+    def _align(self, index: int, names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        source = {name: self.aligned.source[name] for name in names}
+        aligned = self.aligned.transformed(names)
+        layer, options = self.aligned.spec.blocks[index].attention, self.report.options
+        error = attention_probe_error(layer, source, aligned, options.seed, self.report.transform.residual)
+        self.report.probe_relative_error = max(self.report.probe_relative_error, error)
+        check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
         return source, aligned
 
 
 def _pieces(
-    source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, blocks: _AlignedBlocks, name: str
+    source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, blocks: _AlignedTensors, name: str
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``(source, aligned, target)`` pieces of tensor ``name``: whole if it is transformed, else chunks of rows."""
-    if name in blocks.block_of:
+    if name in blocks.moved:
         yield *blocks.take(name), target[name]
         return
     for start, stop in source.chunks(name):
@@ -243,7 +291,7 @@ def _write(
     source: SafetensorsCheckpoint,
     target: SafetensorsCheckpoint,
     folders: dict[float | None, Path],
-    blocks: _AlignedBlocks,
+    blocks: _AlignedTensors,
     parameters: set[str],
     scoped: set[str],
     scope: Scope,
@@ -326,7 +374,7 @@ def align_directories(
 
     Raises:
         CheckpointError: A folder is not a safetensors Hugging Face or timm folder, or a shard is corrupted.
-        AlignmentError: As :func:`lmc.matching.align`, and for ``full_model``.
+        AlignmentError: As :func:`lmc.matching.align`.
         ValueError: A bad scope, alpha or output folder.
     """
     options = checked_options(options)
@@ -336,11 +384,6 @@ def align_directories(
             "of two folders does not read: use the weight settings (the defaults)"
         )
     check_scope(scope)
-    if scope not in STREAMED_SCOPES:
-        raise AlignmentError(
-            f"scope {scope!r} is not streamed (every tensor moves with the residual-stream permutation); "
-            f"stream one of {', '.join(STREAMED_SCOPES)}, or load both models and use lmc.matching.align"
-        )
     alphas = check_alphas(merge_alphas, "merge alphas")
     started = time.perf_counter()
     (source_checkpoint, source), (target_checkpoint, target) = open_folder(source_dir), open_folder(target_dir)
@@ -363,14 +406,16 @@ def align_directories(
     spec = model_spec(model)
     check_same_attention(spec, model_spec(target_model))
     report = AlignmentReport.start(scope, options, dtype)
+    descent = _StreamedDescent(source, target, spec, report, dtype)
     if options.method != "naive":
-        _solve(source, target, spec, report)
+        attention, feed_forward, whole = scope_blocks(spec, scope)
+        check_head_orders(options.head_orders, attention, scope)
+        weight_alignment(descent, spec, attention, feed_forward, whole)
 
     parameters = {name for name, _ in model.named_parameters()}
-    attention, feed_forward, _ = scope_blocks(spec, scope)
-    scoped = {name for i in attention for name in spec.blocks[i].attention.parameters}
-    scoped |= {name for i in feed_forward for name in spec.blocks[i].feed_forward.parameters}
-    blocks = _AlignedBlocks(source, spec, report, dtype)
+    scoped = set(scope_parameters(model, scope, spec))
+    descent.parameters.forget()
+    blocks = _AlignedTensors(descent.parameters, report, dtype)
     with atomic_output_folder(output, inputs=[source.folder, target.folder]) as temporary:
         folders = {None: temporary / "aligned", **{a: temporary / f"merged_{a:g}" for a in alphas}}
         squared = _write(source, target, folders, blocks, parameters, scoped, scope)
