@@ -102,10 +102,11 @@ def align(
 
 
 def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None) -> bool:
-    """Whether ``lmc align`` streams: two folders of safetensors (Hugging Face or timm) at a scope that streams."""
+    """Whether ``lmc align`` streams: two folders of safetensors (Hugging Face or timm) at a scope that streams
+    (``full_model`` where none is given)."""
     from lmc.formats.streamed import STREAMED_SCOPES, streamable
 
-    return scope in STREAMED_SCOPES and all(streamable(checkpoint) for checkpoint in checkpoints)
+    return (scope or "full_model") in STREAMED_SCOPES and all(streamable(checkpoint) for checkpoint in checkpoints)
 
 
 def _align_streamed(
@@ -120,6 +121,9 @@ def _align_streamed(
     from lmc.formats.streamed import align_directories
 
     source, target = (checkpoint.path for checkpoint in checkpoints)
+    scope = scope or "full_model"
+    outputs = [output / "aligned", output / "report.json", *(output / f"merged_{a:g}" for a in alphas)]
+    check_outputs(outputs, inputs=[source, target], overwrite=overwrite)
     report = align_directories(*checkpoints, output, scope, options, alphas, overwrite)
     print(f"aligned {source} to {target} ({scope}, {options.method}, streamed): wrote {output / 'aligned'}")
     print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
@@ -144,6 +148,7 @@ def _align_external(
 
     from lmc.connectivity.interpolation import interpolate
     from lmc.formats import load_external, require_same_architecture
+    from lmc.formats.external import alignment_document
     from lmc.io import atomic_output_folder, atomic_write_json
     from lmc.matching import AlignmentError
     from lmc.matching import align as align_models
@@ -178,22 +183,7 @@ def _align_external(
             source_model.write(merged, folder)
         del merged
         print(f"merged (1 - {alpha:g}) * target + {alpha:g} * aligned source: wrote {path}")
-    checks = {
-        "aligned_model": {"relative_output_change": report.probe_relative_error, "rtol": report.check_rtol},
-        "written_and_read_back": {"relative_output_change": written_error, "rtol": report.check_rtol},
-    }
-    atomic_write_json(
-        outputs[1],
-        {
-            "source": str(source),
-            "target": str(target),
-            "format": source_model.format,
-            "stored_dtype": report.dtype,
-            "compute_dtype": report.compute_dtype,
-            "per_head_problem_dtype": "float64",
-            "checks": checks,
-            "outputs": {"aligned": str(outputs[0]), **{f"merged_{a:g}": str(p) for a, p in zip(alphas, outputs[2:])}},
-            "alignment": report.to_dict(),
-        },
-    )
+    named = {"aligned": outputs[0], **{f"merged_{a:g}": p for a, p in zip(alphas, outputs[2:])}}
+    document = alignment_document(source, target, source_model.format, report, written_error, named)
+    atomic_write_json(outputs[1], document)
     remove_other_merges(output, outputs[2:])

@@ -45,7 +45,14 @@ from lmc.adapters import adapter_for, model_spec, scope_parameters
 from lmc.checkpoints import CheckpointError
 from lmc.connectivity.interpolation import check_alphas, interpolate
 from lmc.formats import huggingface, timm_files
-from lmc.formats.external import FORMAT_NAMES, Checkpoint, detect
+from lmc.formats.external import (
+    FORMAT_NAMES,
+    Checkpoint,
+    ExternalModel,
+    alignment_document,
+    detect,
+    require_same_architecture,
+)
 from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, write_tensor
 from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
@@ -61,6 +68,7 @@ from lmc.matching.checks import (
     check_unchanged,
 )
 from lmc.matching.options import checked_options
+from lmc.matching.permutation import squared_distance
 from lmc.symmetry import ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
 
 STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
@@ -170,6 +178,9 @@ class _Checked(Mapping[str, torch.Tensor]):
     def __init__(self, tensors: Mapping[str, torch.Tensor], role: str):
         self.tensors, self.role, self.kept = tensors, role, ("", None)
 
+    def forget(self) -> None:
+        self.kept = ("", None)
+
     def __getitem__(self, name: str) -> torch.Tensor:
         if self.kept[0] != name:
             tensor = self.tensors[name]
@@ -204,10 +215,19 @@ class _Transformed(Mapping[str, torch.Tensor]):
         return (name,)
 
     def transformed(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
-        """Tensors ``names`` (whole attention layers) under the transform, in memory of their own."""
-        tensors = {name: self.source[name].clone() for name in names}
+        """Tensors ``names`` (whole attention layers) under the transform, each read anew (memory of its own)."""
+        tensors = {}
+        for name in names:
+            tensors[name] = self.source.tensors[name]
+            check_finite("source", name, tensors[name])
         self.report.transform.apply_(tensors, self.spec, partial=True)
         return tensors
+
+    def moved_copy(self, name: str, piece: torch.Tensor) -> torch.Tensor:
+        """A copy of tensor ``name`` under the transform; ``piece`` is all of it or rows the transform keeps."""
+        tensors = {name: piece.clone()}
+        self.report.transform.apply_(tensors, self.spec, partial=True)
+        return tensors[name]
 
     def forget(self) -> None:
         self.kept = {}
@@ -248,14 +268,18 @@ class _AlignedTensors:
         permutations += [spec.task_heads[i] for i in transform.task_heads]
         permutations += [spec.residual] if transform.residual is not None else []
         self.moved = {name for permutation in permutations for name, _ in permutation.axes}
-        self.moved |= {name for i in transform.attention for name in spec.blocks[i].attention.parameters}
+        attention = {name for i in transform.attention for name in spec.blocks[i].attention.parameters}
+        self.moved |= attention
+        # Tensors whose rows stay in place are moved a chunk of rows at a time (an embedding, an LM head).
+        self.whole = attention | {name for p in permutations for name, axis in p.axes if axis == 0}
         self.ready: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]] = {}
 
     def take(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Tensor ``name`` of the source and aligned."""
         group = self.aligned.group(name)
         if len(group) == 1:
-            return self.aligned.source[name], self.aligned.transformed(group)[name]
+            source = self.aligned.source[name]
+            return source, self.aligned.moved_copy(name, source)
         index = self.aligned.layer_of[name]
         if index not in self.ready:
             self.ready[index] = (*self._align(index, group), set())
@@ -279,12 +303,13 @@ def _pieces(
     source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, blocks: _AlignedTensors, name: str
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``(source, aligned, target)`` pieces of tensor ``name``: whole if it is transformed, else chunks of rows."""
-    if name in blocks.moved:
+    if name in blocks.whole:
         yield *blocks.take(name), target[name]
         return
     for start, stop in source.chunks(name):
         piece = source.rows(name, start, stop)
-        yield piece, piece, target.rows(name, start, stop)
+        aligned = blocks.aligned.moved_copy(name, piece) if name in blocks.moved else piece
+        yield piece, aligned, target.rows(name, start, stop)
 
 
 def _write(
@@ -316,8 +341,8 @@ def _write(
                         check_finite("source", name, source_piece)
                         check_finite("target", name, target_piece)
                     if name in scoped:
-                        squared["naive"] += float((source_piece - target_piece).double().pow(2).sum())
-                        squared["aligned"] += float((aligned - target_piece).double().pow(2).sum())
+                        squared["naive"] += squared_distance(source_piece, target_piece)
+                        squared["aligned"] += squared_distance(aligned, target_piece)
                     elif name in parameters:
                         check_unchanged(scope, name, source_piece, target_piece)
                     for key, handle in handles.items():
@@ -331,6 +356,28 @@ def _write(
             if size != (source.folder / shard).stat().st_size:
                 raise AlignmentError(f"wrote {size} bytes to {folder / shard}, not the source's; this is a bug in lmc")
     return squared
+
+
+def _written_error(
+    source: Mapping[str, torch.Tensor], written: SafetensorsCheckpoint, spec: SymmetrySpec, report: AlignmentReport
+) -> float:
+    """The largest probe error of the aligned attention layers as written to disk and read back (the
+    layers whose weights were rounded; every other tensor is a permuted copy, checked by its size)."""
+    error = 0.0
+    for index in sorted(report.transform.attention):
+        layer = spec.blocks[index].attention
+        names = layer.parameters
+        found = attention_probe_error(
+            layer,
+            {name: source[name] for name in names},
+            {name: written[name] for name in names},
+            report.options.seed,
+            report.transform.residual,
+        )
+        check_probe(found, report.check_rtol, written[names[0]].dtype, report.options.check_rtol is None,
+                    f"layer {layer.name} as written to {written.folder}")  # fmt: skip
+        error = max(error, found)
+    return error
 
 
 def _copy_other_files(source: Path, folder: Path) -> None:
@@ -354,8 +401,10 @@ def align_directories(
 
     Writes ``output_dir/aligned`` (a folder computing the source's function, sharded like the
     source), ``output_dir/merged_<a>`` for each alpha ``a`` (``(1 - a) * target + a * aligned``)
-    and ``output_dir/report.json``. Half-precision weights are aligned in float32 (the per-head
-    problems in float64) and written back in their stored dtype.
+    and ``output_dir/report.json`` (:func:`~lmc.formats.external.alignment_document`: the alignment
+    report, the per-layer probe check and that of the written layers read back). Half-precision
+    weights are aligned in float32 (the per-head problems in float64) and written back in their
+    stored dtype.
 
     Args:
         source_dir: Hugging Face or timm folder of the model to transform (never modified).
@@ -395,11 +444,10 @@ def align_directories(
         raise ValueError(f"{output} already exists: choose a new folder or pass overwrite=True to replace it")
     check_output_folder(output.parent)
     model, target_model = skeleton(source_checkpoint, source), skeleton(target_checkpoint, target)
-    if type(target_model) is not type(model):
-        raise AlignmentError(
-            f"different architectures: {source.folder} holds a {type(model).__name__}, "
-            f"{target.folder} a {type(target_model).__name__}"
-        )
+    require_same_architecture(
+        ExternalModel(source.folder, source_checkpoint.format, model),
+        ExternalModel(target.folder, target_checkpoint.format, target_model),
+    )
     saved_names = adapter_for(model).saved_names(model)  # GPT-NeoX's lm_head is embed_out in its files
     source, target = source.renamed(saved_names), target.renamed(saved_names)
     dtype = _check_inputs(source, target, model)
@@ -414,7 +462,8 @@ def align_directories(
 
     parameters = {name for name, _ in model.named_parameters()}
     scoped = set(scope_parameters(model, scope, spec))
-    descent.parameters.forget()
+    for tensors in (descent.parameters, descent.target, descent.original):
+        tensors.forget()
     blocks = _AlignedTensors(descent.parameters, report, dtype)
     with atomic_output_folder(output, inputs=[source.folder, target.folder]) as temporary:
         folders = {None: temporary / "aligned", **{a: temporary / f"merged_{a:g}" for a in alphas}}
@@ -422,6 +471,12 @@ def align_directories(
         for folder in folders.values():
             _copy_other_files(source.folder, folder)
         report.distance = {key: value**0.5 for key, value in squared.items()}
+        written = SafetensorsCheckpoint(folders[None], [folders[None] / shard for shard in source.shards])
+        written_error = _written_error(source, written.renamed(saved_names), spec, report)
         report.seconds = time.perf_counter() - started
-        atomic_write_json(temporary / "report.json", report.to_dict())
+        named = {"aligned": output / "aligned", **{f"merged_{a:g}": output / f"merged_{a:g}" for a in alphas}}
+        document = alignment_document(
+            source.folder, target.folder, source_checkpoint.format, report, written_error, named
+        )
+        atomic_write_json(temporary / "report.json", document)
     return report
