@@ -31,6 +31,7 @@ def align(
     timm_args: dict[str, Any] | None = None,
     data: LMCDataModule | None = None,
     options: AlignOptions = AlignOptions(),
+    device: str = "cpu",
 ) -> None:
     """Align SOURCE to TARGET and write the aligned (and merged) models into OUTPUT.
 
@@ -55,6 +56,8 @@ def align(
             metric activation, unit_matching activation, method learned; required by them only): a
             configs/data/*.yaml file, or a class path such as lmc.data.Digits.
         options: Alignment settings.
+        device: Where a streamed alignment (two safetensors folders) computes its Grams, correlations
+            and transforms: cpu, or cuda for a GPU (the assignments stay on the CPU).
     """
     from lmc.connectivity import training_calibration
     from lmc.connectivity.interpolation import interpolate
@@ -69,8 +72,14 @@ def align(
     if external_pair(*checkpoints):
         refuse_data_aware_external(options)
         if _streamable(checkpoints, scope):
-            _align_streamed(checkpoints, output, scope, alphas, overwrite, options)
+            _align_streamed(checkpoints, output, scope, alphas, overwrite, options, device)
             return
+    if device != "cpu":
+        raise ValueError(
+            f"--device {device}: only a streamed alignment (two Hugging Face or timm folders of safetensors) runs "
+            "on another device; align these checkpoints with --device cpu"
+        )
+    if external_pair(*checkpoints):
         _align_external(source, target, output, scope, alphas, overwrite, checkpoints, options)
         return
     outputs = [output / "aligned.ckpt", output / "report.json", *(output / f"merged_{a:g}.ckpt" for a in alphas)]
@@ -116,6 +125,7 @@ def _align_streamed(
     alphas: list[float],
     overwrite: bool,
     options: AlignOptions,
+    device: str,
 ) -> None:
     """``lmc align`` of two safetensors folders, layer by layer and shard by shard (lmc.formats.streamed)."""
     from lmc.formats.streamed import align_directories
@@ -124,7 +134,7 @@ def _align_streamed(
     scope = scope or "full_model"
     outputs = [output / "aligned", output / "report.json", *(output / f"merged_{a:g}" for a in alphas)]
     check_outputs(outputs, inputs=[source, target], overwrite=overwrite)
-    report = align_directories(*checkpoints, output, scope, options, alphas, overwrite)
+    report = align_directories(*checkpoints, output, scope, options, alphas, overwrite, device)
     print(f"aligned {source} to {target} ({scope}, {options.method}, streamed): wrote {output / 'aligned'}")
     print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
     for alpha in alphas:

@@ -69,10 +69,33 @@ from lmc.matching.checks import (
 )
 from lmc.matching.options import checked_options
 from lmc.matching.permutation import squared_distance
-from lmc.symmetry import ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
+from lmc.symmetry import AttentionTransform, ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
 
 STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
 """The scopes :func:`align_directories` streams."""
+
+
+CPU = torch.device("cpu")
+
+
+def checked_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device`, refused with the fix if PyTorch cannot reach it.
+
+    Raises:
+        ValueError: Not a device name, or a CUDA device where no GPU is visible.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device {device!r} is not a device name ({error}): use 'cpu' or 'cuda'") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {str(device)!r}: PyTorch sees no CUDA GPU here (torch.cuda.is_available() is False); "
+            "use device 'cpu' (--device cpu), or run on a machine with a GPU and a CUDA build of PyTorch"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(device)!r}: streamed alignment runs on 'cpu' or 'cuda'")
+    return device
 
 
 def weight_files(checkpoint: Checkpoint) -> list[Path] | None:
@@ -173,19 +196,23 @@ def _check_inputs(source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, 
 
 
 class _Checked(Mapping[str, torch.Tensor]):
-    """A checkpoint's tensors, each refused by name if it holds NaN or Inf; the last one read is kept."""
+    """A checkpoint's tensors on ``device``, each refused by name if it holds NaN or Inf; the last one read is kept."""
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor], role: str):
-        self.tensors, self.role, self.kept = tensors, role, ("", None)
+    def __init__(self, tensors: Mapping[str, torch.Tensor], role: str, device: torch.device = CPU):
+        self.tensors, self.role, self.device, self.kept = tensors, role, device, ("", None)
+
+    def read(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` read anew, checked, on the device."""
+        tensor = self.tensors[name].to(self.device)
+        check_finite(self.role, name, tensor)
+        return tensor
 
     def forget(self) -> None:
         self.kept = ("", None)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if self.kept[0] != name:
-            tensor = self.tensors[name]
-            check_finite(self.role, name, tensor)
-            self.kept = (name, tensor)
+            self.kept = (name, self.read(name))
         return self.kept[1]
 
     def __iter__(self) -> Iterator[str]:
@@ -202,7 +229,7 @@ class _Transformed(Mapping[str, torch.Tensor]):
     group read is kept until the transform changes (:meth:`forget`).
     """
 
-    def __init__(self, source: Mapping[str, torch.Tensor], spec: SymmetrySpec, report: AlignmentReport):
+    def __init__(self, source: _Checked, spec: SymmetrySpec, report: AlignmentReport):
         self.source, self.spec, self.report = source, spec, report
         self.layer_of = {name: i for i, block in enumerate(spec.blocks) for name in block.attention.parameters}
         self.kept: dict[str, torch.Tensor] = {}
@@ -216,10 +243,7 @@ class _Transformed(Mapping[str, torch.Tensor]):
 
     def transformed(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
         """Tensors ``names`` (whole attention layers) under the transform, each read anew (memory of its own)."""
-        tensors = {}
-        for name in names:
-            tensors[name] = self.source.tensors[name]
-            check_finite("source", name, tensors[name])
+        tensors = {name: self.source.read(name) for name in names}
         self.report.transform.apply_(tensors, self.spec, partial=True)
         return tensors
 
@@ -247,14 +271,25 @@ class _Transformed(Mapping[str, torch.Tensor]):
 class _StreamedDescent(WeightDescent):
     """Weight matching over two checkpoints on disk: the source is read through the transform so far."""
 
-    def __init__(self, source: Mapping, target: Mapping, spec: SymmetrySpec, report: AlignmentReport, dtype):
-        original = _Checked(source, "source")
-        super().__init__(
-            _Transformed(original, spec, report), _Checked(target, "target"), original, spec, report, dtype
-        )
+    def __init__(self, source: Mapping, target: Mapping, spec: SymmetrySpec, report: AlignmentReport, dtype, device):
+        original, target = _Checked(source, "source", device), _Checked(target, "target", device)
+        super().__init__(_Transformed(original, spec, report), target, original, spec, report, dtype)
 
     def transform_parameters(self, transform: ModelTransform) -> None:
         self.parameters.forget()
+
+
+def _on_cpu(transform: ModelTransform) -> ModelTransform:
+    """``transform`` with every tensor on the CPU (Stage 2 leaves its matrices where the weights were)."""
+    return ModelTransform(
+        attention={
+            i: AttentionTransform(*(t.cpu() for t in (e.query_permutation, e.kv_permutation, e.qk, e.vo)))
+            for i, e in transform.attention.items()
+        },
+        feed_forward={i: perm.cpu() for i, perm in transform.feed_forward.items()},
+        task_heads={i: perm.cpu() for i, perm in transform.task_heads.items()},
+        residual=None if transform.residual is None else transform.residual.cpu(),
+    )
 
 
 class _AlignedTensors:
@@ -396,6 +431,7 @@ def align_directories(
     options: AlignOptions | None = None,
     merge_alphas: Iterable[float] = (),
     overwrite: bool = False,
+    device: str | torch.device = "cpu",
 ) -> AlignmentReport:
     """Align the model saved in ``source_dir`` to the one in ``target_dir``, streaming both.
 
@@ -416,6 +452,9 @@ def align_directories(
             probed with 16 tokens) and ``seed`` seeds the probe.
         merge_alphas: Alphas in ``[0, 1]`` of the merges to write.
         overwrite: Replace an existing ``output_dir`` (only once the new one is complete).
+        device: Where the solves run: each tensor read is moved there, so the Grams, correlations
+            and transforms of the search are computed there (``"cuda"``: a GPU); the assignments
+            run on the CPU, and the output is transformed and written from the CPU.
 
     Returns:
         The report, as :func:`lmc.matching.align`'s; ``probe_relative_error`` is the largest over
@@ -427,6 +466,7 @@ def align_directories(
         ValueError: A bad scope, alpha or output folder.
     """
     options = checked_options(options)
+    device = checked_device(device)
     if options.data_aware:
         raise ValueError(
             f"data-aware settings ({options.data_settings}) need calibration batches, which a streamed alignment "
@@ -454,7 +494,7 @@ def align_directories(
     spec = model_spec(model)
     check_same_attention(spec, model_spec(target_model))
     report = AlignmentReport.start(scope, options, dtype)
-    descent = _StreamedDescent(source, target, spec, report, dtype)
+    descent = _StreamedDescent(source, target, spec, report, dtype, device)
     if options.method != "naive":
         attention, feed_forward, whole = scope_blocks(spec, scope)
         check_head_orders(options.head_orders, attention, scope)
@@ -462,9 +502,9 @@ def align_directories(
 
     parameters = {name for name, _ in model.named_parameters()}
     scoped = set(scope_parameters(model, scope, spec))
-    for tensors in (descent.parameters, descent.target, descent.original):
-        tensors.forget()
-    blocks = _AlignedTensors(descent.parameters, report, dtype)
+    del descent  # what it keeps on the device
+    report.transform = _on_cpu(report.transform)
+    blocks = _AlignedTensors(_Transformed(_Checked(source, "source"), spec, report), report, dtype)
     with atomic_output_folder(output, inputs=[source.folder, target.folder]) as temporary:
         folders = {None: temporary / "aligned", **{a: temporary / f"merged_{a:g}" for a in alphas}}
         squared = _write(source, target, folders, blocks, parameters, scoped, scope)

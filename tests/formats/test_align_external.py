@@ -291,3 +291,16 @@ def test_written_model_files_get_the_mode_of_any_new_file(tmp_path):
     written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert {p.name for p in written} >= {"model.safetensors", "config.json", "report.json"}
     assert {oct(p.stat().st_mode & 0o777) for p in written} == {oct(0o644)}
+
+
+def test_device_cuda_without_a_gpu_and_device_for_in_memory_paths_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    source = save_hf(model("llama-tiny", {}, seed=0), tmp_path / "s", tokenizer=False)
+    target = save_hf(model("llama-tiny", {}, seed=1), tmp_path / "t", tokenizer=False)
+    error = fails(["align", str(source), str(target), "--output", str(tmp_path / "out"), "--device", "cuda"], capsys)
+    assert "PyTorch sees no CUDA GPU here" in error and "--device cpu" in error
+    checkpoint = tmp_path / "seed0.ckpt"
+    checkpoint.write_bytes(b"weights")  # refused by --device before it is read
+    argv = ["align", str(checkpoint), str(checkpoint), "--output", str(tmp_path / "out"), "--device", "cuda"]
+    assert "only a streamed alignment" in fails(argv, capsys)
+    assert not (tmp_path / "out").exists()

@@ -429,3 +429,35 @@ def test_tensors_moved_a_chunk_at_a_time_equal_the_in_memory_alignment(tmp_path,
     )
     for name, value in aligned.state_dict().items():
         assert torch.equal(merged[name], interpolate(target_weights[name], value, 0.5)), name
+
+
+def test_a_device_without_a_gpu_is_refused_before_anything_is_read(tmp_path, llama_pair, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device 'cuda': PyTorch sees no CUDA GPU here .* use device 'cpu'"):
+        align_directories(*llama_pair, tmp_path / "out", "full_model", device="cuda")
+    with pytest.raises(ValueError, match="'gpu' is not a device name"):
+        align_directories(*llama_pair, tmp_path / "out", "full_model", device="gpu")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_search_runs_there_and_finds_the_cpu_alignment(tmp_path, monkeypatch):
+    import lmc.matching.layers
+    import lmc.matching.permutation
+
+    devices, correlation = set(), lmc.matching.permutation.axis_correlation
+
+    def watched(source, target, axes, size):
+        devices.update(source[name].device.type for name, _ in axes)
+        return correlation(source, target, axes, size)
+
+    monkeypatch.setattr(lmc.matching.layers, "axis_correlation", watched)
+    source, target = (randomize_parameters_(create_model("llama-tiny", dtype=torch.float64), seed=s) for s in (0, 1))
+    source_dir, target_dir = save(source, tmp_path / "source", True), save(target, tmp_path / "target", False)
+    on_gpu = align_directories(source_dir, target_dir, tmp_path / "gpu", "full_model", device="cuda")
+    assert devices == {"cuda"}
+    on_cpu = align_directories(source_dir, target_dir, tmp_path / "cpu", "full_model")
+    # Float64 GEMMs summed in another order: the same assignments, distances to float64 rounding.
+    assert [layer.assignment for layer in on_gpu.layers] == [layer.assignment for layer in on_cpu.layers]
+    assert on_gpu.distance == pytest.approx(on_cpu.distance, rel=1e-12)
