@@ -9,8 +9,9 @@ subprocesses with ``--threads`` torch threads measures:
 - ``lmc.formats.streamed.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
   the floor, and the peak RSS of the process (``VmHWM``, interpreter and libraries included).
 
-The Llama-3.2-1B shape is measured the same way, and at ``full_model`` with ``lmc.matching.align``
-in memory (``full_model`` is not streamed), its pair independent everywhere.
+The Llama-3.2-1B shape is measured the same way, and at ``full_model`` on a pair independent
+everywhere: streamed (its time split into reads, assignments and the rest, its rounds, and the
+floor of one round: :func:`measure_full_floor`) and with ``lmc.matching.align`` in memory.
 
 Each finished shape is written to ``--output`` (its row replacing that shape's) and the JSON is
 rendered to the Markdown beside it (``results/streamed_align.md``): every figure of the Markdown
@@ -19,6 +20,7 @@ hand; ``--render`` renders the Markdown again from the JSON, measuring nothing.
 
     python benchmarks/streamed_align.py                       # 1b then 8b, into results/streamed_align.{json,md}
     python benchmarks/streamed_align.py --shapes 1b --keep    # keep the written folders
+    python benchmarks/streamed_align.py --shapes 8b --full-model-streamed  # the 8B also streamed at full_model
     python benchmarks/streamed_align.py --render              # the Markdown again from the JSON
 """
 
@@ -46,7 +48,7 @@ SHAPES = {
     "tiny": (256, 2, 4, 2, 512, 1000, False),  # a check of this script
 }
 NAMES = {"1b": "Llama-3.2-1B", "8b": "Llama-3-8B", "8b-2layers": "Llama-3-8B widths, 2 layers", "tiny": "tiny"}
-FULL_MODEL = ("1b", "tiny")  # shapes also aligned at full_model, in memory
+FULL_MODEL = ("1b", "tiny")  # shapes also aligned at full_model, streamed and in memory
 SHARD_BYTES = 5 * 10**9
 TARGET = {"shape": "8b", "seconds": 600.0, "peak_rss": 3 * 10**9}
 """Issue #9's target: the 8B pair streamed at ``all_attention`` in under 10 minutes and 3 GB of peak RSS."""
@@ -162,6 +164,81 @@ def measure_streamed(source: str, target: str, output: str, scope: str) -> dict:
         "distance_ratio": report.distance["aligned"] / report.distance["naive"],
         "probe_relative_error": report.probe_relative_error,
     }
+
+
+def measure_full_floor(source: str, target: str) -> dict:
+    """One round's floor at ``full_model``: read every tensor of both models once, layer by layer, and
+    run the GEMMs a round needs on them (each layer's Grams, its FFN correlation, every tensor's
+    share of the residual correlation); no assignment, no transform, no write."""
+    from lmc.adapters import model_spec
+    from lmc.formats.streamed import open_folder, skeleton
+    from lmc.matching.grams import LayerGrams
+    from lmc.matching.permutation import axis_correlation
+
+    model = skeleton(source)
+    spec = model_spec(model)
+    start = time.perf_counter()
+    checkpoints = open_folder(source)[1], open_folder(target)[1]
+    residual = {}
+    for name, axis in spec.residual.axes:
+        residual.setdefault(name, []).append((name, axis))
+    groups = []
+    for block in spec.blocks:
+        groups.append((block, tuple(dict.fromkeys(block.attention.parameters + block.feed_forward.parameters))))
+    grouped = {name for _, names in groups for name in names}
+    groups += [(None, (name,)) for name, _ in model.named_parameters() if name not in grouped]
+    for block, names in groups:
+        source_part, target_part = ({n: c[n] for n in names} for c in checkpoints)
+        if block is not None:
+            LayerGrams.compute(source_part, target_part, block.attention)
+            hidden = block.feed_forward.hidden
+            axis_correlation(source_part, target_part, hidden.axes, hidden.size)
+        axes = [pair for name in names for pair in residual.get(name, [])]
+        axis_correlation(source_part, target_part, axes, spec.residual.size)
+    return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss()}
+
+
+def measure_streamed_full(source: str, target: str, output: str) -> dict:
+    """``align_directories`` at ``full_model``, its time split: reads of the files (``SafetensorsCheckpoint.rows``),
+    assignments (scipy's ``linear_sum_assignment``, with each one's size and seconds), and the rest
+    (GEMMs of the correlations and Grams, Stage 2, transforms, writes); and its rounds."""
+    import lmc.matching.permutation as permutation
+    from lmc.formats.safetensors import SafetensorsCheckpoint
+    from lmc.matching.aligner import WeightDescent
+
+    spent, assignments, rounds = {"read": 0.0, "assignment": 0.0}, [], [0]
+    solve, rows, permute_residual = (
+        permutation.linear_sum_assignment,
+        SafetensorsCheckpoint.rows,
+        WeightDescent.permute_residual,
+    )
+
+    def timed_solve(cost, maximize):
+        begin = time.perf_counter()
+        found = solve(cost, maximize=maximize)
+        assignments.append((len(cost), time.perf_counter() - begin))
+        spent["assignment"] += assignments[-1][1]
+        return found
+
+    def timed_rows(self, name, begin_row, end_row):
+        begin = time.perf_counter()
+        found = rows(self, name, begin_row, end_row)
+        spent["read"] += time.perf_counter() - begin
+        return found
+
+    def counted(self, axes):
+        rounds[0] += 1
+        return permute_residual(self, axes)
+
+    permutation.linear_sum_assignment, SafetensorsCheckpoint.rows = timed_solve, timed_rows
+    WeightDescent.permute_residual = counted
+    row = measure_streamed(source, target, output, "full_model")
+    sizes = sorted({size for size, _ in assignments})
+    row["split"] = {**spent, "rest": row["seconds"] - sum(spent.values())}
+    row["rounds"] = rounds[0] - 1  # the first call starts the residual permutation from the anchors
+    row["assignment_seconds_by_size"] = {str(n): sum(t for m, t in assignments if m == n) for n in sizes}
+    row["assignments"] = len(assignments)
+    return row
 
 
 def measure_in_memory(source: str, target: str, scope: str) -> dict:
@@ -297,8 +374,8 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
             "",
             "## `full_model` in memory",
             "",
-            "`full_model` is not streamed (the residual-stream permutation couples every tensor): measured with",
-            "`lmc.matching.align` after `from_pretrained` of both bf16 models, a pair independent everywhere.",
+            "Measured with `lmc.matching.align` after `from_pretrained` of both bf16 models, a pair independent",
+            "everywhere: the reference of the streamed `full_model` below.",
             "",
             "| shape | time (loading both) | peak RSS | x one model | distance aligned / naive | probe relative "
             "error |",
@@ -315,6 +392,34 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
                 f"| **{_gb(run['peak_rss'])}** | {run['peak_rss'] / results[shape]['model_bytes']:.1f} "
                 f"| {run['distance_ratio']:.4f} | {run['probe_relative_error']:.1e} |"
             )
+    streamed_full = {shape: row for shape, row in results.items() if "full_model_streamed" in row}
+    if streamed_full:
+        lines += [
+            "",
+            "## Streamed `full_model`",
+            "",
+            "`align_directories` at `full_model` on the independent pair. Floor of one round: read every tensor",
+            "of both models once, layer by layer, and run the GEMMs a round needs (Grams, FFN correlations, the",
+            "residual correlation); a round of the streamed descent reads the model more than once (each FFN,",
+            "head and residual step reads its own tensors), so the ratio is given per round. Split: file reads,",
+            "scipy's assignments, the rest (GEMMs, Stage 2, transforms, writes).",
+            "",
+            "| shape | streamed | rounds | reads + assignments + rest | assignments (size: seconds) "
+            "| floor of one round | x floor per round | peak RSS | x in-memory time | distance aligned / naive |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for shape, row in streamed_full.items():
+            run, floor = row["full_model_streamed"], row["full_model_floor"]
+            split = " + ".join(f"{run['split'][k]:.1f}" for k in ("read", "assignment", "rest"))
+            sizes = ", ".join(f"{n}: {t:.1f}" for n, t in run["assignment_seconds_by_size"].items())
+            per_round = run["seconds"] / max(1, run["rounds"]) / floor["seconds"]
+            in_memory = row.get("full_model", {})
+            ratio = f"{run['seconds'] / in_memory['seconds']:.2f}" if "seconds" in in_memory else "-"
+            lines.append(
+                f"| {_shape_text(shape)} | **{_seconds(run['seconds'])}** | {run['rounds']} | {split} "
+                f"| {run['assignments']} ({sizes}) | {_seconds(floor['seconds'])} | {per_round:.2f} "
+                f"| **{_gb(run['peak_rss'])}** | {ratio} | {run['distance_ratio']:.4f} |"
+            )
     lines += ["", "## Machines", ""]
     for shape, row in results.items():
         where = row.get("machine")
@@ -323,7 +428,8 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
         else:
             lines.append(
                 f"- {NAMES.get(shape, shape)}: {where['cpu']}, {where['cores']} cores, {_gb(where['memory_bytes'])} "
-                f"of memory, torch {where['torch']}, load average {where['load_average_before']:.2f} before the run."
+                f"of memory, torch {where['torch']}, load average {where['load_average_before']:.2f} before the run"
+                + (f"; {row['note']}." if row.get("note") else ".")
             )
     return "\n".join(lines) + "\n"
 
@@ -345,6 +451,12 @@ def main() -> None:
     parser.add_argument("--full-model-timeout", type=float, default=900, help="seconds allowed to 1b full_model")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "streamed_align.json")
     parser.add_argument("--render", action="store_true", help="only render --output's Markdown from its JSON")
+    parser.add_argument(
+        "--full-model-streamed",
+        action="store_true",
+        help="also stream full_model on shapes not aligned in memory (the 8B: about 32 GB more to write)",
+    )
+    parser.add_argument("--note", default="", help="a remark on the machine, rendered with its row")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # this checkout's lmc, not an installed one
     results = json.loads(args.output.read_text()) if args.output.exists() else {}
@@ -360,6 +472,8 @@ def main() -> None:
             source, target, model_bytes = write_pair(shape, workdir, independent=False)
             row = {"model_bytes": model_bytes, "write_seconds": time.perf_counter() - start, "threads": args.threads}
             row["machine"] = where
+            if args.note:
+                row["note"] = args.note
             print(shape, "written", row, flush=True)
             row["floor"] = in_subprocess(args.threads, "measure_floor", str(source), str(target))
             print(shape, "floor", row["floor"], flush=True)
@@ -369,10 +483,18 @@ def main() -> None:
             )
             print(shape, "all_attention", row["all_attention"], flush=True)
             shutil.rmtree(output)
-            if shape in FULL_MODEL:
+            if shape in FULL_MODEL or args.full_model_streamed:
                 for folder in (source, target):
                     shutil.rmtree(folder)
                 source, target, _ = write_pair(shape, workdir, independent=True)
+                row["full_model_floor"] = in_subprocess(args.threads, "measure_full_floor", str(source), str(target))
+                print(shape, "full_model floor", row["full_model_floor"], flush=True)
+                row["full_model_streamed"] = in_subprocess(
+                    args.threads, "measure_streamed_full", str(source), str(target), str(output)
+                )
+                print(shape, "full_model streamed", row["full_model_streamed"], flush=True)
+                shutil.rmtree(output)
+            if shape in FULL_MODEL:
                 try:
                     row["full_model"] = in_subprocess(
                         args.threads, "measure_in_memory", str(source), str(target), "full_model",

@@ -31,6 +31,7 @@ def align(
     timm_args: dict[str, Any] | None = None,
     data: LMCDataModule | None = None,
     options: AlignOptions = AlignOptions(),
+    device: str = "cpu",
 ) -> None:
     """Align SOURCE to TARGET and write the aligned (and merged) models into OUTPUT.
 
@@ -55,6 +56,8 @@ def align(
             metric activation, unit_matching activation, method learned; required by them only): a
             configs/data/*.yaml file, or a class path such as lmc.data.Digits.
         options: Alignment settings.
+        device: Where a streamed alignment (two safetensors folders) computes its Grams, correlations
+            and transforms: cpu, or cuda for a GPU (the assignments stay on the CPU).
     """
     from lmc.connectivity import training_calibration
     from lmc.connectivity.interpolation import interpolate
@@ -69,8 +72,14 @@ def align(
     if external_pair(*checkpoints):
         refuse_data_aware_external(options)
         if _streamable(checkpoints, scope):
-            _align_streamed(checkpoints, output, scope, alphas, overwrite, options)
+            _align_streamed(checkpoints, output, scope, alphas, overwrite, options, device)
             return
+    if device != "cpu":
+        raise ValueError(
+            f"--device {device}: only a streamed alignment (two Hugging Face or timm folders of safetensors) runs "
+            "on another device; align these checkpoints with --device cpu"
+        )
+    if external_pair(*checkpoints):
         _align_external(source, target, output, scope, alphas, overwrite, checkpoints, options)
         return
     outputs = [output / "aligned.ckpt", output / "report.json", *(output / f"merged_{a:g}.ckpt" for a in alphas)]
@@ -102,10 +111,11 @@ def align(
 
 
 def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None) -> bool:
-    """Whether ``lmc align`` streams: two folders of safetensors (Hugging Face or timm) at a scope that streams."""
+    """Whether ``lmc align`` streams: two folders of safetensors (Hugging Face or timm) at a scope that streams
+    (``full_model`` where none is given)."""
     from lmc.formats.streamed import STREAMED_SCOPES, streamable
 
-    return scope in STREAMED_SCOPES and all(streamable(checkpoint) for checkpoint in checkpoints)
+    return (scope or "full_model") in STREAMED_SCOPES and all(streamable(checkpoint) for checkpoint in checkpoints)
 
 
 def _align_streamed(
@@ -115,12 +125,16 @@ def _align_streamed(
     alphas: list[float],
     overwrite: bool,
     options: AlignOptions,
+    device: str,
 ) -> None:
     """``lmc align`` of two safetensors folders, layer by layer and shard by shard (lmc.formats.streamed)."""
     from lmc.formats.streamed import align_directories
 
     source, target = (checkpoint.path for checkpoint in checkpoints)
-    report = align_directories(*checkpoints, output, scope, options, alphas, overwrite)
+    scope = scope or "full_model"
+    outputs = [output / "aligned", output / "report.json", *(output / f"merged_{a:g}" for a in alphas)]
+    check_outputs(outputs, inputs=[source, target], overwrite=overwrite)
+    report = align_directories(*checkpoints, output, scope, options, alphas, overwrite, device)
     print(f"aligned {source} to {target} ({scope}, {options.method}, streamed): wrote {output / 'aligned'}")
     print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
     for alpha in alphas:
@@ -144,6 +158,7 @@ def _align_external(
 
     from lmc.connectivity.interpolation import interpolate
     from lmc.formats import load_external, require_same_architecture
+    from lmc.formats.external import alignment_document
     from lmc.io import atomic_output_folder, atomic_write_json
     from lmc.matching import AlignmentError
     from lmc.matching import align as align_models
@@ -178,22 +193,7 @@ def _align_external(
             source_model.write(merged, folder)
         del merged
         print(f"merged (1 - {alpha:g}) * target + {alpha:g} * aligned source: wrote {path}")
-    checks = {
-        "aligned_model": {"relative_output_change": report.probe_relative_error, "rtol": report.check_rtol},
-        "written_and_read_back": {"relative_output_change": written_error, "rtol": report.check_rtol},
-    }
-    atomic_write_json(
-        outputs[1],
-        {
-            "source": str(source),
-            "target": str(target),
-            "format": source_model.format,
-            "stored_dtype": report.dtype,
-            "compute_dtype": report.compute_dtype,
-            "per_head_problem_dtype": "float64",
-            "checks": checks,
-            "outputs": {"aligned": str(outputs[0]), **{f"merged_{a:g}": str(p) for a, p in zip(alphas, outputs[2:])}},
-            "alignment": report.to_dict(),
-        },
-    )
+    named = {"aligned": outputs[0], **{f"merged_{a:g}": p for a, p in zip(alphas, outputs[2:])}}
+    document = alignment_document(source, target, source_model.format, report, written_error, named)
+    atomic_write_json(outputs[1], document)
     remove_other_merges(output, outputs[2:])

@@ -167,3 +167,32 @@ def require_same_architecture(source: ExternalModel, target: ExternalModel) -> N
                 f"the checkpoints are of different models: {name} is {mine.get(name)!r} in {source.path} but "
                 f"{theirs.get(name)!r} in {target.path}; give two checkpoints of the same architecture and config"
             )
+
+
+def alignment_document(
+    source: Path, target: Path, format: str, report, written_error: float, outputs: dict[str, Path]
+) -> dict[str, Any]:
+    """The ``report.json`` of ``lmc align`` on external checkpoints, in memory or streamed alike.
+
+    Args:
+        source, target: The input checkpoints.
+        format: Their format (``Checkpoint.format``).
+        report: The :class:`~lmc.matching.AlignmentReport`.
+        written_error: The relative output change of the aligned model as written and read back.
+        outputs: Output name (``aligned``, ``merged_<a>``) -> its path.
+    """
+    checks = {
+        "aligned_model": {"relative_output_change": report.probe_relative_error, "rtol": report.check_rtol},
+        "written_and_read_back": {"relative_output_change": written_error, "rtol": report.check_rtol},
+    }
+    return {
+        "source": str(source),
+        "target": str(target),
+        "format": format,
+        "stored_dtype": report.dtype,
+        "compute_dtype": report.compute_dtype,
+        "per_head_problem_dtype": "float64",
+        "checks": checks,
+        "outputs": {name: str(path) for name, path in outputs.items()},
+        "alignment": report.to_dict(),
+    }

@@ -15,12 +15,19 @@ shard is written through a stream (its header is the source shard's: aligning ch
 shape or dtype). The output folder is written under a temporary name and renamed into place when
 complete (:func:`~lmc.io.atomic_output_folder`): never half-written, never over an input.
 
-The whole-model probe of :func:`~lmc.matching.align` needs the model in memory; instead each
-aligned attention layer is checked on its own (:func:`~lmc.matching.checks.attention_probe_error`):
-every layer keeping its function keeps the whole model's.
+Every scope streams, ``full_model`` too: the solves are the in-memory ones
+(:func:`~lmc.matching.aligner.weight_alignment`, the coordinate descent over FFN, task-head, head
+and residual permutations for ``full_model``), run on a view that reads each source tensor
+through the group element found so far, so no model is ever held whole: a residual step reads
+every tensor once and keeps only the ``d x d`` correlation, an FFN step that FFN's tensors.
+Every transform is applied to a tensor read as stored, so the aligned weights equal in-memory
+``align``'s bit for bit (a permutation moves values exactly, and each attention layer's
+element is applied once as in memory); the distances equal them up to the order of summation.
 
-Scopes: :data:`STREAMED_SCOPES`. ``full_model`` couples every tensor through the residual-stream
-permutation (coordinate descent over the whole model) and is aligned in memory.
+The whole-model probe of :func:`~lmc.matching.align` needs the model in memory; instead each
+aligned attention layer is checked on its own (:func:`~lmc.matching.checks.attention_probe_error`,
+its input and output moved by the residual permutation): every layer keeping its function (the
+permutations of FFN units and of the residual stream move values exactly) keeps the whole model's.
 """
 
 from __future__ import annotations
@@ -34,14 +41,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lmc.adapters import adapter_for, model_spec
+from lmc.adapters import adapter_for, model_spec, scope_parameters
 from lmc.checkpoints import CheckpointError
 from lmc.connectivity.interpolation import check_alphas, interpolate
 from lmc.formats import huggingface, timm_files
-from lmc.formats.external import FORMAT_NAMES, Checkpoint, detect
+from lmc.formats.external import (
+    FORMAT_NAMES,
+    Checkpoint,
+    ExternalModel,
+    alignment_document,
+    detect,
+    require_same_architecture,
+)
 from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, write_tensor
 from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
+from lmc.matching.aligner import WeightDescent, weight_alignment
 from lmc.matching.checks import (
     attention_probe_error,
     check_dtype,
@@ -52,12 +67,35 @@ from lmc.matching.checks import (
     check_same_tensors,
     check_unchanged,
 )
-from lmc.matching.layers import align_attention_layer, align_feed_forward_layer
 from lmc.matching.options import checked_options
-from lmc.symmetry import ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
+from lmc.matching.permutation import squared_distance
+from lmc.symmetry import AttentionTransform, ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
 
-STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block")
+STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
 """The scopes :func:`align_directories` streams."""
+
+
+CPU = torch.device("cpu")
+
+
+def checked_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device`, refused with the fix if PyTorch cannot reach it.
+
+    Raises:
+        ValueError: Not a device name, or a CUDA device where no GPU is visible.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device {device!r} is not a device name ({error}): use 'cpu' or 'cuda'") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {str(device)!r}: PyTorch sees no CUDA GPU here (torch.cuda.is_available() is False); "
+            "use device 'cpu' (--device cpu), or run on a machine with a GPU and a CUDA build of PyTorch"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(device)!r}: streamed alignment runs on 'cpu' or 'cuda'")
+    return device
 
 
 def weight_files(checkpoint: Checkpoint) -> list[Path] | None:
@@ -157,93 +195,163 @@ def _check_inputs(source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, 
     return dtype
 
 
-def _solve(
-    source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, spec: SymmetrySpec, report: AlignmentReport
-) -> None:
-    """The scope's group element, layer by layer, each layer pair read on its own; recorded in ``report``."""
-    options = report.options
-    attention, feed_forward, _ = scope_blocks(spec, report.scope)
-    check_head_orders(options.head_orders, attention, report.scope)
+class _Checked(Mapping[str, torch.Tensor]):
+    """A checkpoint's tensors on ``device``, each refused by name if it holds NaN or Inf; the last one read is kept."""
 
-    def read(names: Iterable[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        tensors = {name: source[name] for name in names}, {name: target[name] for name in names}
-        for role, layer in zip(("source", "target"), tensors):
-            for name, tensor in layer.items():
-                check_finite(role, name, tensor)
+    def __init__(self, tensors: Mapping[str, torch.Tensor], role: str, device: torch.device = CPU):
+        self.tensors, self.role, self.device, self.kept = tensors, role, device, ("", None)
+
+    def read(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` read anew, checked, on the device."""
+        tensor = self.tensors[name].to(self.device)
+        check_finite(self.role, name, tensor)
+        return tensor
+
+    def forget(self) -> None:
+        self.kept = ("", None)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if self.kept[0] != name:
+            self.kept = (name, self.read(name))
+        return self.kept[1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
+class _Transformed(Mapping[str, torch.Tensor]):
+    """The source's tensors under the report's transform so far, each read and transformed when looked up.
+
+    An attention layer's tensors are transformed together (its element mixes them); the last
+    group read is kept until the transform changes (:meth:`forget`).
+    """
+
+    def __init__(self, source: _Checked, spec: SymmetrySpec, report: AlignmentReport):
+        self.source, self.spec, self.report = source, spec, report
+        self.layer_of = {name: i for i, block in enumerate(spec.blocks) for name in block.attention.parameters}
+        self.kept: dict[str, torch.Tensor] = {}
+
+    def group(self, name: str) -> tuple[str, ...]:
+        """The tensors transformed together with ``name``."""
+        index = self.layer_of.get(name)
+        if index is not None and index in self.report.transform.attention:
+            return self.spec.blocks[index].attention.parameters
+        return (name,)
+
+    def transformed(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Tensors ``names`` (whole attention layers) under the transform, each read anew (memory of its own)."""
+        tensors = {name: self.source.read(name) for name in names}
+        self.report.transform.apply_(tensors, self.spec, partial=True)
         return tensors
 
-    for index in feed_forward:
-        perm, record = align_feed_forward_layer(*read(spec.blocks[index].feed_forward.parameters), spec, index)
-        report.transform.feed_forward[index] = perm
-        report.layers.append(record)
-    for index in attention:
-        layer = spec.blocks[index].attention
-        order = (options.head_orders or {}).get(index)
-        element, record = align_attention_layer(*read(layer.parameters), layer, options, order)
-        report.transform.attention[index] = element
-        report.layers.append(record)
+    def moved_copy(self, name: str, piece: torch.Tensor) -> torch.Tensor:
+        """A copy of tensor ``name`` under the transform; ``piece`` is all of it or rows the transform keeps."""
+        tensors = {name: piece.clone()}
+        self.report.transform.apply_(tensors, self.spec, partial=True)
+        return tensors[name]
+
+    def forget(self) -> None:
+        self.kept = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.kept:
+            self.kept = self.transformed(self.group(name))
+        return self.kept[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.source)
+
+    def __len__(self) -> int:
+        return len(self.source)
 
 
-class _AlignedBlocks:
-    """The transformed tensors of each block in scope, computed when a shard first needs them, each
-    attention layer checked on its probe; a block is dropped once all its tensors are written."""
+class _StreamedDescent(WeightDescent):
+    """Weight matching over two checkpoints on disk: the source is read through the transform so far."""
 
-    def __init__(self, source: SafetensorsCheckpoint, spec: SymmetrySpec, report: AlignmentReport, dtype):
-        self.source, self.spec, self.report, self.dtype = source, spec, report, dtype
-        transform = report.transform
-        self.members: dict[int, tuple[str, ...]] = {}
-        for index in sorted(transform.attention.keys() | transform.feed_forward.keys()):
-            block = spec.blocks[index]
-            names = list(block.attention.parameters) if index in transform.attention else []
-            names += list(block.feed_forward.parameters) if index in transform.feed_forward else []
-            self.members[index] = tuple(dict.fromkeys(names))
-        self.block_of = {name: index for index, names in self.members.items() for name in names}
+    def __init__(self, source: Mapping, target: Mapping, spec: SymmetrySpec, report: AlignmentReport, dtype, device):
+        original, target = _Checked(source, "source", device), _Checked(target, "target", device)
+        super().__init__(_Transformed(original, spec, report), target, original, spec, report, dtype)
+
+    def transform_parameters(self, transform: ModelTransform) -> None:
+        self.parameters.forget()
+
+
+def _on_cpu(transform: ModelTransform) -> ModelTransform:
+    """``transform`` with every tensor on the CPU (Stage 2 leaves its matrices where the weights were)."""
+    return ModelTransform(
+        attention={
+            i: AttentionTransform(*(t.cpu() for t in (e.query_permutation, e.kv_permutation, e.qk, e.vo)))
+            for i, e in transform.attention.items()
+        },
+        feed_forward={i: perm.cpu() for i, perm in transform.feed_forward.items()},
+        task_heads={i: perm.cpu() for i, perm in transform.task_heads.items()},
+        residual=None if transform.residual is None else transform.residual.cpu(),
+    )
+
+
+class _AlignedTensors:
+    """The tensors the final transform moves, computed when a shard first needs them; each attention
+    layer's together, checked on its probe and dropped once all its tensors are written."""
+
+    def __init__(self, aligned: _Transformed, report: AlignmentReport, dtype: torch.dtype):
+        self.aligned, self.report, self.dtype = aligned, report, dtype
+        spec, transform = aligned.spec, report.transform
+        permutations = [spec.blocks[i].feed_forward.hidden for i in transform.feed_forward]
+        permutations += [spec.task_heads[i] for i in transform.task_heads]
+        permutations += [spec.residual] if transform.residual is not None else []
+        self.moved = {name for permutation in permutations for name, _ in permutation.axes}
+        attention = {name for i in transform.attention for name in spec.blocks[i].attention.parameters}
+        self.moved |= attention
+        # Tensors whose rows stay in place are moved a chunk of rows at a time (an embedding, an LM head).
+        self.whole = attention | {name for p in permutations for name, axis in p.axes if axis == 0}
         self.ready: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]] = {}
 
     def take(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Tensor ``name`` of the source and aligned."""
-        index = self.block_of[name]
+        group = self.aligned.group(name)
+        if len(group) == 1:
+            source = self.aligned.source[name]
+            return source, self.aligned.moved_copy(name, source)
+        index = self.aligned.layer_of[name]
         if index not in self.ready:
-            self.ready[index] = (*self._align(index), set())
+            self.ready[index] = (*self._align(index, group), set())
         source, aligned, written = self.ready[index]
         written.add(name)
-        if len(written) == len(self.members[index]):
+        if len(written) == len(group):
             del self.ready[index]
         return source[name], aligned[name]
 
-    def _align(self, index: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        source = {name: self.source[name] for name in self.members[index]}
-        aligned = {name: tensor.clone() for name, tensor in source.items()}
-        transform = self.report.transform
-        ModelTransform(
-            attention={i: t for i, t in transform.attention.items() if i == index},
-            feed_forward={i: p for i, p in transform.feed_forward.items() if i == index},
-        ).apply_(aligned, self.spec)
-        if index in transform.attention:
-            layer, options = self.spec.blocks[index].attention, self.report.options
-            error = attention_probe_error(layer, source, aligned, options.seed)
-            self.report.probe_relative_error = max(self.report.probe_relative_error, error)
-            check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
+    def _align(self, index: int, names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        source = {name: self.aligned.source[name] for name in names}
+        aligned = self.aligned.transformed(names)
+        layer, options = self.aligned.spec.blocks[index].attention, self.report.options
+        error = attention_probe_error(layer, source, aligned, options.seed, self.report.transform.residual)
+        self.report.probe_relative_error = max(self.report.probe_relative_error, error)
+        check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
         return source, aligned
 
 
 def _pieces(
-    source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, blocks: _AlignedBlocks, name: str
+    source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, blocks: _AlignedTensors, name: str
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``(source, aligned, target)`` pieces of tensor ``name``: whole if it is transformed, else chunks of rows."""
-    if name in blocks.block_of:
+    if name in blocks.whole:
         yield *blocks.take(name), target[name]
         return
     for start, stop in source.chunks(name):
         piece = source.rows(name, start, stop)
-        yield piece, piece, target.rows(name, start, stop)
+        aligned = blocks.aligned.moved_copy(name, piece) if name in blocks.moved else piece
+        yield piece, aligned, target.rows(name, start, stop)
 
 
 def _write(
     source: SafetensorsCheckpoint,
     target: SafetensorsCheckpoint,
     folders: dict[float | None, Path],
-    blocks: _AlignedBlocks,
+    blocks: _AlignedTensors,
     parameters: set[str],
     scoped: set[str],
     scope: Scope,
@@ -268,8 +376,8 @@ def _write(
                         check_finite("source", name, source_piece)
                         check_finite("target", name, target_piece)
                     if name in scoped:
-                        squared["naive"] += float((source_piece - target_piece).double().pow(2).sum())
-                        squared["aligned"] += float((aligned - target_piece).double().pow(2).sum())
+                        squared["naive"] += squared_distance(source_piece, target_piece)
+                        squared["aligned"] += squared_distance(aligned, target_piece)
                     elif name in parameters:
                         check_unchanged(scope, name, source_piece, target_piece)
                     for key, handle in handles.items():
@@ -283,6 +391,28 @@ def _write(
             if size != (source.folder / shard).stat().st_size:
                 raise AlignmentError(f"wrote {size} bytes to {folder / shard}, not the source's; this is a bug in lmc")
     return squared
+
+
+def _written_error(
+    source: Mapping[str, torch.Tensor], written: SafetensorsCheckpoint, spec: SymmetrySpec, report: AlignmentReport
+) -> float:
+    """The largest probe error of the aligned attention layers as written to disk and read back (the
+    layers whose weights were rounded; every other tensor is a permuted copy, checked by its size)."""
+    error = 0.0
+    for index in sorted(report.transform.attention):
+        layer = spec.blocks[index].attention
+        names = layer.parameters
+        found = attention_probe_error(
+            layer,
+            {name: source[name] for name in names},
+            {name: written[name] for name in names},
+            report.options.seed,
+            report.transform.residual,
+        )
+        check_probe(found, report.check_rtol, written[names[0]].dtype, report.options.check_rtol is None,
+                    f"layer {layer.name} as written to {written.folder}")  # fmt: skip
+        error = max(error, found)
+    return error
 
 
 def _copy_other_files(source: Path, folder: Path) -> None:
@@ -301,13 +431,16 @@ def align_directories(
     options: AlignOptions | None = None,
     merge_alphas: Iterable[float] = (),
     overwrite: bool = False,
+    device: str | torch.device = "cpu",
 ) -> AlignmentReport:
     """Align the model saved in ``source_dir`` to the one in ``target_dir``, streaming both.
 
     Writes ``output_dir/aligned`` (a folder computing the source's function, sharded like the
     source), ``output_dir/merged_<a>`` for each alpha ``a`` (``(1 - a) * target + a * aligned``)
-    and ``output_dir/report.json``. Half-precision weights are aligned in float32 (the per-head
-    problems in float64) and written back in their stored dtype.
+    and ``output_dir/report.json`` (:func:`~lmc.formats.external.alignment_document`: the alignment
+    report, the per-layer probe check and that of the written layers read back). Half-precision
+    weights are aligned in float32 (the per-head problems in float64) and written back in their
+    stored dtype.
 
     Args:
         source_dir: Hugging Face or timm folder of the model to transform (never modified).
@@ -319,6 +452,9 @@ def align_directories(
             probed with 16 tokens) and ``seed`` seeds the probe.
         merge_alphas: Alphas in ``[0, 1]`` of the merges to write.
         overwrite: Replace an existing ``output_dir`` (only once the new one is complete).
+        device: Where the solves run: each tensor read is moved there, so the Grams, correlations
+            and transforms of the search are computed there (``"cuda"``: a GPU); the assignments
+            run on the CPU, and the output is transformed and written from the CPU.
 
     Returns:
         The report, as :func:`lmc.matching.align`'s; ``probe_relative_error`` is the largest over
@@ -326,21 +462,17 @@ def align_directories(
 
     Raises:
         CheckpointError: A folder is not a safetensors Hugging Face or timm folder, or a shard is corrupted.
-        AlignmentError: As :func:`lmc.matching.align`, and for ``full_model``.
+        AlignmentError: As :func:`lmc.matching.align`.
         ValueError: A bad scope, alpha or output folder.
     """
     options = checked_options(options)
+    device = checked_device(device)
     if options.data_aware:
         raise ValueError(
             f"data-aware settings ({options.data_settings}) need calibration batches, which a streamed alignment "
             "of two folders does not read: use the weight settings (the defaults)"
         )
     check_scope(scope)
-    if scope not in STREAMED_SCOPES:
-        raise AlignmentError(
-            f"scope {scope!r} is not streamed (every tensor moves with the residual-stream permutation); "
-            f"stream one of {', '.join(STREAMED_SCOPES)}, or load both models and use lmc.matching.align"
-        )
     alphas = check_alphas(merge_alphas, "merge alphas")
     started = time.perf_counter()
     (source_checkpoint, source), (target_checkpoint, target) = open_folder(source_dir), open_folder(target_dir)
@@ -352,31 +484,39 @@ def align_directories(
         raise ValueError(f"{output} already exists: choose a new folder or pass overwrite=True to replace it")
     check_output_folder(output.parent)
     model, target_model = skeleton(source_checkpoint, source), skeleton(target_checkpoint, target)
-    if type(target_model) is not type(model):
-        raise AlignmentError(
-            f"different architectures: {source.folder} holds a {type(model).__name__}, "
-            f"{target.folder} a {type(target_model).__name__}"
-        )
+    require_same_architecture(
+        ExternalModel(source.folder, source_checkpoint.format, model),
+        ExternalModel(target.folder, target_checkpoint.format, target_model),
+    )
     saved_names = adapter_for(model).saved_names(model)  # GPT-NeoX's lm_head is embed_out in its files
     source, target = source.renamed(saved_names), target.renamed(saved_names)
     dtype = _check_inputs(source, target, model)
     spec = model_spec(model)
     check_same_attention(spec, model_spec(target_model))
     report = AlignmentReport.start(scope, options, dtype)
+    descent = _StreamedDescent(source, target, spec, report, dtype, device)
     if options.method != "naive":
-        _solve(source, target, spec, report)
+        attention, feed_forward, whole = scope_blocks(spec, scope)
+        check_head_orders(options.head_orders, attention, scope)
+        weight_alignment(descent, spec, attention, feed_forward, whole)
 
     parameters = {name for name, _ in model.named_parameters()}
-    attention, feed_forward, _ = scope_blocks(spec, scope)
-    scoped = {name for i in attention for name in spec.blocks[i].attention.parameters}
-    scoped |= {name for i in feed_forward for name in spec.blocks[i].feed_forward.parameters}
-    blocks = _AlignedBlocks(source, spec, report, dtype)
+    scoped = set(scope_parameters(model, scope, spec))
+    del descent  # what it keeps on the device
+    report.transform = _on_cpu(report.transform)
+    blocks = _AlignedTensors(_Transformed(_Checked(source, "source"), spec, report), report, dtype)
     with atomic_output_folder(output, inputs=[source.folder, target.folder]) as temporary:
         folders = {None: temporary / "aligned", **{a: temporary / f"merged_{a:g}" for a in alphas}}
         squared = _write(source, target, folders, blocks, parameters, scoped, scope)
         for folder in folders.values():
             _copy_other_files(source.folder, folder)
         report.distance = {key: value**0.5 for key, value in squared.items()}
+        written = SafetensorsCheckpoint(folders[None], [folders[None] / shard for shard in source.shards])
+        written_error = _written_error(source, written.renamed(saved_names), spec, report)
         report.seconds = time.perf_counter() - started
-        atomic_write_json(temporary / "report.json", report.to_dict())
+        named = {"aligned": output / "aligned", **{f"merged_{a:g}": output / f"merged_{a:g}" for a in alphas}}
+        document = alignment_document(
+            source.folder, target.folder, source_checkpoint.format, report, written_error, named
+        )
+        atomic_write_json(temporary / "report.json", document)
     return report

@@ -18,6 +18,7 @@ from lmc.matching.calibration import Calibration, PairedMoment, paired_correlati
 from lmc.matching.checks import require_finite
 from lmc.matching.layers import (
     align_attention_layer,
+    align_feed_forward_layer,
     attention_stage1,
     axes_distance,
     layer_distance,
@@ -31,8 +32,108 @@ from lmc.matching.stage2 import attention_stages
 from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec
 
 
-class Aligner:
-    """State of one alignment: the working copy, the target, the accumulated transform."""
+class WeightDescent:
+    """The state weight matching works on: the parameters being aligned, the target's, the group element so far.
+
+    Every tensor is read by name from a ``Mapping[str, Tensor]``, so the same solves run on a
+    model in memory (:class:`Aligner`) and on two checkpoints streamed from disk
+    (:mod:`lmc.formats.streamed`, whose ``parameters`` read the source through the transform so far).
+
+    Args:
+        parameters: The source's tensors with :attr:`report`'s transform applied.
+        target: The target's tensors.
+        original: The source's tensors as given (read only).
+        spec: The model's symmetries.
+        report: The alignment's report; its ``transform`` accumulates what :meth:`apply` is given.
+    """
+
+    def __init__(self, parameters, target, original, spec: SymmetrySpec, report: AlignmentReport, dtype):
+        self.parameters, self.target, self.original = parameters, target, original
+        self.spec, self.report, self.options, self.dtype = spec, report, report.options, dtype
+        self.moments: dict[str, PairedMoment] = {}
+
+    def require_finite(self, finite: bool, what: str) -> None:
+        require_finite(finite, what, self.dtype)
+
+    def apply(self, transform: ModelTransform) -> None:
+        """Move :attr:`parameters` by ``transform`` and add it to the report's."""
+        self.transform_parameters(transform)
+        self.report.transform = self.report.transform.compose(transform, self.spec)
+
+    def transform_parameters(self, transform: ModelTransform) -> None:
+        """Apply ``transform`` to :attr:`parameters` in place (a streamed view re-reads through the report's)."""
+        with torch.no_grad():
+            transform.apply_(self.parameters, self.spec)
+
+    def layer_moments(self, index: int) -> tuple[PairedMoment | None, PairedMoment | None]:
+        """The captured input and output moments of attention layer ``index`` (``None`` when not captured)."""
+        return self.moments.get(f"input:{index}"), self.moments.get(f"output:{index}")
+
+    def permute_heads(self, index: int) -> bool:
+        """Stage 1 only; returns whether the head order changed."""
+        layer = self.spec.blocks[index].attention
+        order = (self.options.head_orders or {}).get(index)
+        grams, _, _, match, kv_match, _ = attention_stage1(
+            self.parameters, self.target, layer, self.options, order, *self.layer_moments(index)
+        )
+        if torch.equal(match, torch.arange(len(match))):
+            return False
+        stages = attention_stages(grams, layer, match, kv_match, "permutation", self.options)
+        self.apply(ModelTransform(attention={index: stages["permutation"]}))
+        return True
+
+    def align_attention(self, index: int) -> None:
+        """Both stages on one layer, recording distances after each stage."""
+        layer = self.spec.blocks[index].attention
+        order = (self.options.head_orders or {}).get(index)
+        naive = layer_distance(self.original, self.target, layer)
+        element, record = align_attention_layer(
+            self.parameters, self.target, layer, self.options, order, naive, *self.layer_moments(index)
+        )
+        self.apply(ModelTransform(attention={index: element}))
+        overall = self.report.transform.attention[index]
+        record.assignment = torch.argsort(overall.query_permutation).tolist()
+        record.kv_assignment = torch.argsort(overall.kv_permutation).tolist()
+        self.report.layers.append(record)
+
+    def best_permutation(self, permutation: AxisPermutation, axes) -> torch.Tensor | None:
+        """The weight-matching permutation of ``permutation``'s axis read through ``axes``; ``None`` if identity."""
+        perm = match_units(self.parameters, self.target, dataclasses.replace(permutation, axes=tuple(axes)))
+        return None if torch.equal(perm, torch.arange(permutation.size)) else perm
+
+    def permute_feed_forward(self, index: int) -> bool:
+        hidden = self.spec.blocks[index].feed_forward.hidden
+        perm = self.best_permutation(hidden, hidden.axes)
+        if perm is not None:
+            self.apply(ModelTransform(feed_forward={index: perm}))
+        return perm is not None
+
+    def permute_task_head(self, index: int) -> bool:
+        hidden = self.spec.task_heads[index]
+        perm = self.best_permutation(hidden, hidden.axes)
+        if perm is not None:
+            self.apply(ModelTransform(task_heads={index: perm}))
+        return perm is not None
+
+    def permute_residual(self, axes) -> bool:
+        perm = self.best_permutation(self.spec.residual, axes)
+        if perm is not None:
+            self.apply(ModelTransform(residual=perm))
+        return perm is not None
+
+    def record_permutation(self, name: str, kind: str, perm: torch.Tensor, axes, seconds: float) -> None:
+        """Report one permutation and the distance over ``axes`` before and after it."""
+        distance = {
+            "naive": axes_distance(self.original, self.target, axes),
+            "permutation": axes_distance(self.parameters, self.target, axes),
+        }
+        self.report.layers.append(
+            LayerAlignment(name, kind, torch.argsort(perm).tolist(), distance=distance, seconds={"match": seconds})
+        )
+
+
+class Aligner(WeightDescent):
+    """State of one in-memory alignment: the working copy (a deep copy of the source), the target, the transform."""
 
     def __init__(
         self,
@@ -42,30 +143,26 @@ class Aligner:
         report: AlignmentReport,
         calibration: Calibration | None = None,
     ):
-        self.options = report.options
-        self.calibration = calibration
-        self.moments: dict[str, PairedMoment] = {}
+        options = report.options
         shared = {}
-        if self.options.share_frozen and report.scope != "full_model":
+        if options.share_frozen and report.scope != "full_model":
             # Parameters outside the scope never change (and equal the target's): share, don't copy.
             free = set(scope_parameters(source, report.scope, spec))
             shared = {id(p): p for name, p in source.named_parameters() if name not in free}
         self.working = copy.deepcopy(source, shared)
-        self.parameters = dict(self.working.named_parameters())
-        self.target = dict(target.named_parameters())
-        self.original = dict(source.named_parameters())  # read only
+        super().__init__(
+            dict(self.working.named_parameters()),
+            dict(target.named_parameters()),
+            dict(source.named_parameters()),
+            spec,
+            report,
+            next(source.parameters()).dtype,
+        )
+        self.calibration = calibration
         self.target_model = target
-        self.dtype = next(source.parameters()).dtype
-        self.spec = spec
-        self.report = report
 
-    def require_finite(self, finite: bool, what: str) -> None:
-        require_finite(finite, what, self.dtype)
-
-    def apply(self, transform: ModelTransform) -> None:
-        with torch.no_grad():
-            transform.apply_(self.parameters, self.spec)
-        self.report.transform = self.report.transform.compose(transform, self.spec)
+    def transform_parameters(self, transform: ModelTransform) -> None:
+        super().transform_parameters(transform)
         self.move_moments(transform)
 
     def capture(self, attention: list[int]) -> None:
@@ -118,37 +215,6 @@ class Aligner:
                 index = (heads[:, None] * d_h + torch.arange(d_h)).flatten()
                 per_head = element.vo.cpu().double().repeat_interleave(element.queries_per_kv, dim=0)
                 self.moments[key] = self.moments[key].moved(index, torch.block_diag(*per_head))
-
-    def layer_moments(self, index: int) -> tuple[PairedMoment | None, PairedMoment | None]:
-        """The captured input and output moments of attention layer ``index`` (``None`` when not captured)."""
-        return self.moments.get(f"input:{index}"), self.moments.get(f"output:{index}")
-
-    def permute_heads(self, index: int) -> bool:
-        """Stage 1 only; returns whether the head order changed."""
-        layer = self.spec.blocks[index].attention
-        order = (self.options.head_orders or {}).get(index)
-        grams, _, _, match, kv_match, _ = attention_stage1(
-            self.parameters, self.target, layer, self.options, order, *self.layer_moments(index)
-        )
-        if torch.equal(match, torch.arange(len(match))):
-            return False
-        stages = attention_stages(grams, layer, match, kv_match, "permutation", self.options)
-        self.apply(ModelTransform(attention={index: stages["permutation"]}))
-        return True
-
-    def align_attention(self, index: int) -> None:
-        """Both stages on one layer, recording distances after each stage."""
-        layer = self.spec.blocks[index].attention
-        order = (self.options.head_orders or {}).get(index)
-        naive = layer_distance(self.original, self.target, layer)
-        element, record = align_attention_layer(
-            self.parameters, self.target, layer, self.options, order, naive, *self.layer_moments(index)
-        )
-        self.apply(ModelTransform(attention={index: element}))
-        overall = self.report.transform.attention[index]
-        record.assignment = torch.argsort(overall.query_permutation).tolist()
-        record.kv_assignment = torch.argsort(overall.kv_permutation).tolist()
-        self.report.layers.append(record)
 
     def learn(self, attention: list[int]) -> None:
         """``method="learned"``: descend the interpolation loss over the attention elements, from ``full``'s."""
@@ -220,41 +286,6 @@ class Aligner:
             permutation = permutations[key]
             self.record_permutation(permutation.name, key[0], perm, permutation.axes, seconds)
 
-    def best_permutation(self, permutation: AxisPermutation, axes) -> torch.Tensor | None:
-        """The weight-matching permutation of ``permutation``'s axis read through ``axes``; ``None`` if identity."""
-        perm = match_units(self.parameters, self.target, dataclasses.replace(permutation, axes=tuple(axes)))
-        return None if torch.equal(perm, torch.arange(permutation.size)) else perm
-
-    def permute_feed_forward(self, index: int) -> bool:
-        hidden = self.spec.blocks[index].feed_forward.hidden
-        perm = self.best_permutation(hidden, hidden.axes)
-        if perm is not None:
-            self.apply(ModelTransform(feed_forward={index: perm}))
-        return perm is not None
-
-    def permute_task_head(self, index: int) -> bool:
-        hidden = self.spec.task_heads[index]
-        perm = self.best_permutation(hidden, hidden.axes)
-        if perm is not None:
-            self.apply(ModelTransform(task_heads={index: perm}))
-        return perm is not None
-
-    def permute_residual(self, axes) -> bool:
-        perm = self.best_permutation(self.spec.residual, axes)
-        if perm is not None:
-            self.apply(ModelTransform(residual=perm))
-        return perm is not None
-
-    def record_permutation(self, name: str, kind: str, perm: torch.Tensor, axes, seconds: float) -> None:
-        """Report one permutation and the distance over ``axes`` before and after it."""
-        distance = {
-            "naive": axes_distance(self.original, self.target, axes),
-            "permutation": axes_distance(self.parameters, self.target, axes),
-        }
-        self.report.layers.append(
-            LayerAlignment(name, kind, torch.argsort(perm).tolist(), distance=distance, seconds={"match": seconds})
-        )
-
 
 def residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
     """Residual axes of parameters no other symmetry moves (anchors), and those of FFN and task-head parameters."""
@@ -265,7 +296,9 @@ def residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
     return anchors, [(n, a) for n, a in spec.residual.axes if n in through_hidden]
 
 
-def coordinate_descent(aligner: Aligner, spec: SymmetrySpec, attention: list[int], feed_forward: list[int]) -> None:
+def coordinate_descent(
+    aligner: WeightDescent, spec: SymmetrySpec, attention: list[int], feed_forward: list[int]
+) -> None:
     """Residual, FFN, task-head and head permutations for ``full_model``, each solved with the rest fixed."""
     start = time.perf_counter()
     anchors, through_hidden = residual_axes(spec) if spec.residual is not None else ([], [])
@@ -295,3 +328,19 @@ def coordinate_descent(aligner: Aligner, spec: SymmetrySpec, attention: list[int
     if spec.residual is not None:
         perm = torch.arange(spec.residual.size) if transform.residual is None else transform.residual
         aligner.record_permutation("residual", "residual", perm, spec.residual.axes, seconds)
+
+
+def weight_alignment(
+    aligner: WeightDescent, spec: SymmetrySpec, attention: list[int], feed_forward: list[int], whole: bool
+) -> None:
+    """Weight matching of the scope's units (coordinate descent for the whole model), then both stages per
+    attention layer with every permutation fixed; in memory and streamed alike."""
+    if whole:
+        coordinate_descent(aligner, spec, attention, feed_forward)
+    else:
+        for index in feed_forward:
+            perm, record = align_feed_forward_layer(aligner.parameters, aligner.target, spec, index)
+            aligner.apply(ModelTransform(feed_forward={index: perm}))
+            aligner.report.layers.append(record)
+    for index in attention:
+        aligner.align_attention(index)

@@ -20,13 +20,13 @@ import time
 from torch import nn
 
 from lmc.adapters import scope_parameters
-from lmc.matching.aligner import Aligner, coordinate_descent
+from lmc.matching.aligner import Aligner, weight_alignment
 from lmc.matching.calibration import Calibration
 from lmc.matching.checks import check_head_orders, check_pair, check_probe, probe_error
-from lmc.matching.layers import align_feed_forward_layer, axes_distance
+from lmc.matching.layers import axes_distance
 from lmc.matching.options import AlignOptions, checked_options
 from lmc.matching.results import AlignmentReport
-from lmc.symmetry import ModelTransform, Scope, scope_blocks
+from lmc.symmetry import Scope, scope_blocks
 
 
 def align(
@@ -89,15 +89,10 @@ def align(
         report.calibration_seconds = time.perf_counter() - start
         if options.unit_matching == "activation":
             aligner.match_units(feed_forward, whole)
-        elif whole:
-            coordinate_descent(aligner, spec, attention, feed_forward)
+            for index in attention:
+                aligner.align_attention(index)
         else:
-            for index in feed_forward:
-                perm, record = align_feed_forward_layer(aligner.parameters, aligner.target, spec, index)
-                aligner.apply(ModelTransform(feed_forward={index: perm}))
-                report.layers.append(record)
-        for index in attention:
-            aligner.align_attention(index)
+            weight_alignment(aligner, spec, attention, feed_forward, whole)
         if options.method == "learned" and attention:
             aligner.learn(attention)
 

@@ -190,7 +190,11 @@ def check_probe(error: float, rtol: float, dtype: torch.dtype, default_rtol: boo
 
 
 def attention_probe_error(
-    layer: AttentionSpec, source: Mapping[str, torch.Tensor], aligned: Mapping[str, torch.Tensor], seed: int = 0
+    layer: AttentionSpec,
+    source: Mapping[str, torch.Tensor],
+    aligned: Mapping[str, torch.Tensor],
+    seed: int = 0,
+    residual: torch.Tensor | None = None,
 ) -> float:
     """``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` for one attention layer on a random ``x``.
 
@@ -202,6 +206,8 @@ def attention_probe_error(
         layer: The layer.
         source, aligned: The layer's tensors before and after alignment, by spec name.
         seed: Seed of the probe input, 16 tokens (fewer if the RoPE table is shorter) of width ``d``.
+        residual: The residual-stream permutation ``aligned`` also carries (``full_model``): the
+            aligned layer reads the input permuted by it and must return the output permuted alike.
     """
     length = 16 if layer.rotary is None else min(16, layer.rotary.angles.shape[0])
     x = torch.randn(length, layer.width, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
@@ -216,7 +222,7 @@ def attention_probe_error(
         rotated[..., first], rotated[..., second] = a * cos - b * sin, a * sin + b * cos
         return rotated
 
-    def output(tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def output(tensors: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         w = read_attention(tensors, layer)
 
         def project(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # (heads, T, d_h)
@@ -229,8 +235,8 @@ def attention_probe_error(
         weights = (q @ k.mT / math.sqrt(layer.head_dim)).softmax(-1)
         return torch.einsum("hte,hed->td", weights @ v, w.out.double())  # (T, d)
 
-    reference = output(source)
-    return float((output(aligned) - reference).norm() / reference.norm())
+    reference, moved = output(source, x), output(aligned, x if residual is None else x[:, residual])
+    return float((moved - (reference if residual is None else reference[:, residual])).norm() / reference.norm())
 
 
 # What ``equivalent`` compares besides the weights: the buffers (bitwise) and the settings.

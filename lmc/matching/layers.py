@@ -16,7 +16,7 @@ from lmc.matching.checks import require_finite
 from lmc.matching.grams import LayerGrams
 from lmc.matching.heads import assign_heads, head_cost
 from lmc.matching.options import AlignOptions
-from lmc.matching.permutation import axis_correlation, best_permutation
+from lmc.matching.permutation import axis_correlation, best_permutation, squared_distance
 from lmc.matching.results import AlignmentError, LayerAlignment
 from lmc.matching.stage2 import attention_stages, stage_distances
 from lmc.symmetry import AttentionSpec, AttentionTransform, AxisPermutation, ModelTransform, SymmetrySpec, head_rows
@@ -41,9 +41,10 @@ def layer_distance(source: dict, target: dict, layer) -> float:
     return total**0.5
 
 
-def axes_distance(source: dict, target: dict, axes) -> float:
+def axes_distance(source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], axes) -> float:
+    """The distance over the parameters named in ``axes``, each read once."""
     names = dict.fromkeys(name for name, _ in axes)
-    return sum(float((source[n] - target[n]).detach().double().pow(2).sum()) for n in names) ** 0.5
+    return sum(squared_distance(source[n], target[n]) for n in names) ** 0.5
 
 
 def attention_stage1(

@@ -14,6 +14,17 @@ from scipy.optimize import linear_sum_assignment
 
 from lmc.symmetry import compute_dtype
 
+#: Entries of a tensor converted to a wider dtype at once (64 MB of float32): an 8B model's
+#: embedding is never copied whole in float32 or float64.
+CHUNK_ENTRIES = 1 << 24
+
+
+def squared_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``sum((a - b) ** 2)``, the difference in the stored dtype and its square in float64, at most
+    :data:`CHUNK_ENTRIES` entries at a time (no float64 copy of a large tensor)."""
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    return sum(float((x - y).double().pow(2).sum()) for x, y in zip(a.split(CHUNK_ENTRIES), b.split(CHUNK_ENTRIES)))
+
 
 def axis_correlation(
     source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], axes: Iterable[tuple[str, int]], size: int
@@ -21,7 +32,8 @@ def axis_correlation(
     """``S[a, b] = sum over (parameter, axis) of <slice a of source, slice b of target>``, ``(size, size)``.
 
     An axis ``k * size`` long holds ``k`` stacked copies; their correlations add up. Each product
-    runs in :func:`~lmc.symmetry.compute_dtype` of the parameter's dtype.
+    runs in :func:`~lmc.symmetry.compute_dtype` of the parameter's dtype, over at most
+    :data:`CHUNK_ENTRIES` entries of each at a time, and the products add up in float64.
     """
     correlation = torch.zeros(size, size, dtype=torch.float64)
     for name, axis in axes:
@@ -31,7 +43,10 @@ def axis_correlation(
         a = a.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
         b = b.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
         dtype = compute_dtype(a.dtype)
-        correlation += (a.to(dtype) @ b.to(dtype).T).double().cpu()
+        step = max(1, CHUNK_ENTRIES // size)
+        for start in range(0, a.shape[1], step):
+            piece_a, piece_b = a[:, start : start + step].to(dtype), b[:, start : start + step].to(dtype)
+            correlation += (piece_a @ piece_b.T).double().cpu()
     return correlation
 
 

@@ -144,13 +144,17 @@ def transform_attention(weights: AttentionWeights, transform: AttentionTransform
 
 
 @torch.no_grad()
-def permute_axes(parameters: Mapping[str, torch.Tensor], permutation: AxisPermutation, perm: torch.Tensor) -> None:
-    """Apply one permutation to every axis it owns, in place."""
+def permute_axes(
+    parameters: Mapping[str, torch.Tensor], permutation: AxisPermutation, perm: torch.Tensor, partial: bool = False
+) -> None:
+    """Apply one permutation to every axis it owns, in place (with ``partial``, those of the tensors present)."""
     if perm.shape != (permutation.size,):
         raise ValueError(
             f"{permutation.name}: permutation must have shape ({permutation.size},), got {tuple(perm.shape)}"
         )
     for name, axis in permutation.axes:
+        if partial and name not in parameters:
+            continue
         parameter = parameters[name]
         copies, remainder = divmod(parameter.shape[axis], permutation.size)
         if remainder or not copies:
@@ -201,22 +205,32 @@ class ModelTransform:
             chain(self.residual, then.residual),
         )
 
-    def apply_(self, parameters: Mapping[str, torch.Tensor], spec: SymmetrySpec) -> None:
-        """Transform the parameters in place (``dict(model.named_parameters())``)."""
+    def apply_(self, parameters: Mapping[str, torch.Tensor], spec: SymmetrySpec, partial: bool = False) -> None:
+        """Transform the parameters in place (``dict(model.named_parameters())``).
+
+        With ``partial``, ``parameters`` may hold some of the model's tensors only (a streamed
+        alignment reads a few at a time): those are transformed, each attention layer whole or not at all.
+        """
         for index, transform in self.attention.items():
             layer = spec.blocks[index].attention
+            if partial:
+                present = [name in parameters for name in layer.parameters]
+                if not any(present):
+                    continue
+                if not all(present):
+                    raise ValueError(f"{layer.name}: transform all of its tensors together, {layer.parameters}")
             write_attention(parameters, layer, transform_attention(read_attention(parameters, layer), transform))
         for index, perm in self.feed_forward.items():
             feed_forward = spec.blocks[index].feed_forward
             if feed_forward is None:
                 raise ValueError(f"block {index} has no feed-forward network to permute")
-            permute_axes(parameters, feed_forward.hidden, perm)
+            permute_axes(parameters, feed_forward.hidden, perm, partial)
         for index, perm in self.task_heads.items():
-            permute_axes(parameters, spec.task_heads[index], perm)
+            permute_axes(parameters, spec.task_heads[index], perm, partial)
         if self.residual is not None:
             if spec.residual is None:
                 raise ValueError(f"this model has no residual-stream symmetry: {spec.residual_note}")
-            permute_axes(parameters, spec.residual, self.residual)
+            permute_axes(parameters, spec.residual, self.residual, partial)
 
 
 def sample_attention_transform(

@@ -33,7 +33,7 @@ def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
     output = tmp_path / "results" / "streamed.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "streamed_align.py"), "--shapes", "tiny", "--threads", "1"]
     run = subprocess.run(
-        [*command, "--workdir", str(tmp_path / "work"), "--output", str(output)],
+        [*command, "--workdir", str(tmp_path / "work"), "--output", str(output), "--note", "a test run"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -44,6 +44,8 @@ def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
     assert output.with_suffix(".md").read_text() == render(written, output.name)
     fields = _leaves(written["tiny"])
     assert ("machine", "load_average_before") in fields and ("full_model", "peak_rss") in fields
+    assert ("full_model_streamed", "split", "assignment") in fields and ("full_model_floor", "seconds") in fields
+    assert "a test run" in output.with_suffix(".md").read_text()
     committed = json.loads((RESULTS / "streamed_align.json").read_text())
     for shape, row in committed.items():
         assert _leaves(row) <= fields, (shape, sorted(_leaves(row) - fields))

@@ -215,14 +215,14 @@ def test_outputs_never_go_over_inputs_and_are_never_half_written(tmp_path, capsy
     assert "would replace an input" in fails(argv, capsys)
     assert "already exist" in fails(["align", str(source), str(target), "--output", str(tmp_path / "out")], capsys)
 
-    # A writer failing half-way leaves no output folder and no temporary folder behind.
-    from lmc.formats.external import ExternalModel
+    # A writer failing half-way leaves no output folder and no temporary folder behind (safetensors
+    # folders are written streamed, tensor by tensor).
+    import lmc.formats.streamed
 
-    def broken(self, network, folder):
-        (Path(folder) / "config.json").write_text("{}")
+    def broken(handle, tensor):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ExternalModel, "write", broken)
+    monkeypatch.setattr(lmc.formats.streamed, "write_tensor", broken)
     assert "No space left" in fails(["align", str(source), str(target), "--output", str(tmp_path / "o2")], capsys)
     assert not (tmp_path / "o2" / "aligned").exists() and not list((tmp_path / "o2").glob(".*"))
 
@@ -273,7 +273,8 @@ def test_safetensors_folders_at_an_attention_scope_are_aligned_streamed(name, tm
     torch.testing.assert_close(_logits(aligned), _logits(source), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
     _check_merged(merged, load(target_dir), aligned, 0.5)
     report = json.loads((output / "report.json").read_text())
-    assert report["scope"] == "all_attention" and report["distance"]["aligned"] < report["distance"]["naive"]
+    alignment = report["alignment"]
+    assert alignment["scope"] == "all_attention" and alignment["distance"]["aligned"] < alignment["distance"]["naive"]
 
 
 def test_written_model_files_get_the_mode_of_any_new_file(tmp_path):
@@ -290,3 +291,16 @@ def test_written_model_files_get_the_mode_of_any_new_file(tmp_path):
     written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert {p.name for p in written} >= {"model.safetensors", "config.json", "report.json"}
     assert {oct(p.stat().st_mode & 0o777) for p in written} == {oct(0o644)}
+
+
+def test_device_cuda_without_a_gpu_and_device_for_in_memory_paths_are_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    source = save_hf(model("llama-tiny", {}, seed=0), tmp_path / "s", tokenizer=False)
+    target = save_hf(model("llama-tiny", {}, seed=1), tmp_path / "t", tokenizer=False)
+    error = fails(["align", str(source), str(target), "--output", str(tmp_path / "out"), "--device", "cuda"], capsys)
+    assert "PyTorch sees no CUDA GPU here" in error and "--device cpu" in error
+    checkpoint = tmp_path / "seed0.ckpt"
+    checkpoint.write_bytes(b"weights")  # refused by --device before it is read
+    argv = ["align", str(checkpoint), str(checkpoint), "--output", str(tmp_path / "out"), "--device", "cuda"]
+    assert "only a streamed alignment" in fails(argv, capsys)
+    assert not (tmp_path / "out").exists()
