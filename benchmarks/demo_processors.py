@@ -58,7 +58,8 @@ def _same_weights(first: Path, second: Path) -> bool:
     return True
 
 
-def measure(output: Path, epochs: int | None) -> dict[str, Any]:
+def measure(output: Path, epochs: int | None, results: Path) -> dict[str, Any]:
+    """Run every setting in turn (``lmc run`` resumes a finished one), writing the results after each."""
     runs: dict[str, Any] = {}
     for name, environment in SETTINGS.items():
         folder = output / name.replace(", ", "_").replace(" ", "_")
@@ -73,8 +74,18 @@ def measure(output: Path, epochs: int | None) -> dict[str, Any]:
             },
             "pairs": {row["label"]: len(row["summary"]["pairs"]) for row in rows},
         }
+        result = summarize(runs, epochs)
+        atomic_write_json(results.with_suffix(".json"), result)
+        atomic_write_text(results.with_suffix(".md"), report(result))
+    return result
+
+
+def summarize(runs: dict[str, Any], epochs: int | None) -> dict[str, Any]:
+    """The settings run so far, and the comparisons of those whose two settings both ran."""
     comparisons = []
     for a, b in COMPARISONS:
+        if a not in runs or b not in runs:
+            continue
         entry = {
             "settings": [a, b],
             "identical_weights": _same_weights(Path(runs[a]["folder"]), Path(runs[b]["folder"])),
@@ -104,9 +115,10 @@ def report(result: dict[str, Any]) -> str:
         f"{result['machine']['torch']}): `lmc demo`"
         + (f" with {result['epochs']} epochs per phase" if result["epochs"] else "")
         + ", both encodings side by side, one thread each. An AVX2 processor is emulated by the kernel "
-        "settings it would pick. Cells: the aligned/naive loss ratio, mean ± std over pairs.",
+        "settings it would pick. Cells: the aligned/naive loss ratio, mean ± std over pairs. A setting not listed "
+        "has not run yet (the script resumes finished runs: run it again to complete the table).",
         "",
-        "| setting | APE | RoPE | wall time |",
+        "| setting | APE | RoPE | wall time of this call (a resumed run is shorter) |",
         "|---|---|---|---|",
     ]
     for name, run in result["runs"].items():
@@ -133,10 +145,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="epochs per phase (default: the main job's)")
     parser.add_argument("--results", type=Path, default=Path("benchmarks/results/demo_processors"))
     args = parser.parse_args()
-    result = measure(args.output, args.epochs)
-    atomic_write_json(args.results.with_suffix(".json"), result)
-    atomic_write_text(args.results.with_suffix(".md"), report(result))
-    print(report(result))
+    print(report(measure(args.output, args.epochs, args.results)))
 
 
 if __name__ == "__main__":

@@ -42,19 +42,22 @@ PINNED_KERNELS = {
 }
 
 
-def experiment_arguments(label: str, root: Path, epochs: int | None = None) -> list[str]:
+def experiment_arguments(label: str, root: Path, epochs: int | None = None, seeds: int | None = None) -> list[str]:
     """The ``lmc run`` arguments of the main job for one positional encoding.
 
     Args:
         label: ``"APE"`` or ``"RoPE"``.
         root: The demo's output folder; this encoding's run goes into ``root / label``.
         epochs: Pre-training and fine-tuning epochs instead of the protocol's.
+        seeds: Fine-tuned seeds instead of the protocol's five.
     """
     args = ["--config", str(config_file(EXPERIMENTS[label])), "--config", str(config_file(PROTOCOL))]
     args += [f"--protocol.output_dir={root / label}", "--trainer.enable_model_summary=false"]
     args += ["--trainer.enable_progress_bar=false"]
     if epochs is not None:
         args += [f"--protocol.pretrain.max_epochs={epochs}", f"--protocol.finetune.max_epochs={epochs}"]
+    if seeds is not None:
+        args += [f"--protocol.seeds={seeds}"]
     return args
 
 
@@ -63,7 +66,10 @@ class DemoError(RuntimeError):
 
 
 def run(
-    output_dir: Path = Path("runs/demo"), epochs: int | None = None, kernels: dict[str, str] | None = None
+    output_dir: Path = Path("runs/demo"),
+    epochs: int | None = None,
+    kernels: dict[str, str] | None = None,
+    seeds: int | None = None,
 ) -> list[dict[str, Any]]:
     """Run the main job for APE and RoPE side by side and print the table of barriers; returns one row per encoding.
 
@@ -71,6 +77,7 @@ def run(
         output_dir: Where each encoding's run goes (``<output_dir>/<PE>``, its log ``run.log`` there).
         epochs: Pre-training and fine-tuning epochs instead of the protocol's.
         kernels: The runs' environment settings instead of :data:`PINNED_KERNELS`.
+        seeds: Fine-tuned seeds instead of the protocol's five.
     """
     root = Path(output_dir)
     environment = {**os.environ, **(PINNED_KERNELS if kernels is None else kernels)}
@@ -80,7 +87,7 @@ def run(
         log = root / label / "run.log"
         with log.open("w") as stream:
             # Each encoding's stages run in its own process (the two encodings are the demo's parallelism).
-            arguments = [*experiment_arguments(label, root, epochs), "--cluster.executor=inline"]
+            arguments = [*experiment_arguments(label, root, epochs, seeds), "--cluster.executor=inline"]
             command = [sys.executable, "-m", "lmc", "run", *arguments]
             runs[label] = (subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=environment), log)
     try:
