@@ -36,8 +36,9 @@ repro: install  ## The paper's study at small scale (lmc repro): regenerates doc
 repro-quick: install  ## The study's pipeline in its tiny form (runs/repro_quick/results.md)
 	$(BIN)/lmc repro --quick true
 
+# Two workers, one per core; each test file stays on one worker (its module fixtures, the SLURM cluster).
 test: install slurm  ## Run every test (slow ones in their tiny form; the SLURM test on a local cluster)
-	LMC_REQUIRE_SLURM=1 $(BIN)/python -m pytest
+	LMC_REQUIRE_SLURM=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 test-fast: install  ## Run the tests not marked slow
 	$(BIN)/python -m pytest -m "not slow"
