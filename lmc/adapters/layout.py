@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -107,30 +109,8 @@ def per_head_fused_attention(
     ``3 * head_dim * i``, its key rows ``head_dim`` later, its value rows ``2 * head_dim`` later.
     """
     stride = 3 * head_dim
-
-    def slots(parameter: str) -> list[HeadSlot | None]:
-        present = parameter in index.shapes
-        return [HeadSlot(parameter, 0, k * head_dim, stride) if present else None for k in range(3)]
-
-    query, key, value = slots(f"{qkv}.weight")
-    query_bias, key_bias, value_bias = slots(f"{qkv}.bias")
-    return AttentionSpec(
-        name=name,
-        width=width,
-        num_heads=num_heads,
-        num_kv_heads=num_heads,
-        head_dim=head_dim,
-        pe=pe,
-        rotary=rotary,
-        query=query,
-        key=key,
-        value=value,
-        out=HeadSlot(f"{out}.weight", 1),
-        query_bias=query_bias,
-        key_bias=key_bias,
-        value_bias=value_bias,
-        out_bias=index.optional(f"{out}.bias"),
-    )
+    slots = [HeadSlot("", 0, k * head_dim, stride) for k in range(3)]
+    return _fused_attention(index, name, qkv, out, slots, width, num_heads, num_heads, head_dim, pe, rotary)
 
 
 def block_fused_attention(
@@ -153,12 +133,32 @@ def block_fused_attention(
     ``num_kv_heads * head_dim`` later.
     """
     offsets = (0, num_heads * head_dim, (num_heads + num_kv_heads) * head_dim)
+    slots = [HeadSlot("", 0, offset) for offset in offsets]
+    return _fused_attention(index, name, qkv, out, slots, width, num_heads, num_kv_heads, head_dim, pe, rotary)
 
-    def slots(parameter: str) -> list[HeadSlot | None]:
-        return [HeadSlot(parameter, 0, offset) if parameter in index.shapes else None for offset in offsets]
 
-    query, key, value = slots(f"{qkv}.weight")
-    query_bias, key_bias, value_bias = slots(f"{qkv}.bias")
+def _fused_attention(
+    index: ParameterIndex,
+    name: str,
+    qkv: str,
+    out: str,
+    slots: list[HeadSlot],
+    width: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    pe: str,
+    rotary: RotaryLayout | None,
+) -> AttentionSpec:
+    """The spec of a fused ``qkv`` Linear whose query, key and value rows sit where ``slots`` say
+    (their parameter name is filled in: the weight, and the bias where there is one)."""
+
+    def placed(parameter: str) -> list[HeadSlot | None]:
+        present = parameter in index.shapes
+        return [dataclasses.replace(slot, parameter=parameter) if present else None for slot in slots]
+
+    query, key, value = placed(f"{qkv}.weight")
+    query_bias, key_bias, value_bias = placed(f"{qkv}.bias")
     return AttentionSpec(
         name=name,
         width=width,
