@@ -80,6 +80,8 @@ def run(
         seeds: Fine-tuned seeds instead of the protocol's five.
     """
     root = Path(output_dir)
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--output_dir {root} is a file, not a folder: choose a folder for the demo's runs")
     environment = {**os.environ, **(PINNED_KERNELS if kernels is None else kernels)}
     runs = {}
     for label in EXPERIMENTS:
