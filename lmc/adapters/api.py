@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from lmc.adapters.base import adapter_for
-from lmc.symmetry import ModelTransform, Scope, SymmetrySpec, qk_group, sample_transform, scope_blocks
+from lmc.symmetry import ModelTransform, Scope, SymmetrySpec, qk_group, sample_transform, scope_parameter_names
 
 
 def model_spec(model: nn.Module) -> SymmetrySpec:
@@ -59,11 +59,7 @@ def scope_parameters(model: nn.Module, scope: Scope, spec: SymmetrySpec | None =
     first feed-forward network. ``spec`` saves re-deriving the model's spec when the caller has it.
     """
     spec = spec or model_spec(model)
-    attention, feed_forward, whole = scope_blocks(spec, scope)
-    owned = {p for i in attention for p in spec.blocks[i].attention.parameters}
-    owned |= {p for i in feed_forward for p in spec.blocks[i].feed_forward.parameters}
-    fixed = set(spec.fixed)
-    return [name for name, _ in model.named_parameters() if (whole and name not in fixed) or name in owned]
+    return scope_parameter_names(spec, scope, (name for name, _ in model.named_parameters()))
 
 
 def random_symmetry(model: nn.Module, scope: Scope = "all_attention", seed: int = 0) -> nn.Module:

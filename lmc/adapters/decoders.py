@@ -50,7 +50,7 @@ from lmc.adapters.layout import (
     rotary_from_cos_sin,
 )
 from lmc.rotary import PairLayout, rotary_pairs
-from lmc.symmetry.spec import AxisPermutation, BlockSpec, RotaryLayout, SymmetrySpec
+from lmc.symmetry.spec import AxisPermutation, BlockSpec, FixedAxes, RotaryLayout, SymmetrySpec
 
 #: Whether a family's Linears have a bias: always (``True``), never (``False``) or as a config field says (its name).
 BiasRule = bool | str
@@ -198,7 +198,12 @@ class DecoderAdapter(CausalLMAdapter):
             readers += norms
         residual += index.elementwise(layout.final_norm)
         readers.append(layout.final_norm)
-        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual), tuple(readers)))
+        vocabulary = index.axes((f"{layout.embeddings}.weight", 0), (f"{layout.lm_head}.weight", 0))
+        return SymmetrySpec(
+            tuple(blocks),
+            AxisPermutation("residual", d, tuple(residual), tuple(readers)),
+            fixed_axes=(FixedAxes("vocabulary", tuple(vocabulary)),),
+        )
 
     def _check_storage(self, model: nn.Module, index: ParameterIndex) -> None:
         """Refuse modules of another class and parameters the declaration does not describe."""

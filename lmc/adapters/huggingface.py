@@ -37,6 +37,7 @@ from lmc.symmetry.spec import (
     AxisPermutation,
     BlockSpec,
     FeedForwardSpec,
+    FixedAxes,
     HeadSlot,
     SymmetrySpec,
 )
@@ -113,7 +114,13 @@ class GPT2Adapter(CausalLMAdapter):
             )
         residual += index.elementwise("transformer.ln_f")
         readers = tuple(f"transformer.h.{i}.ln_{k}" for i in range(c.n_layer) for k in (1, 2)) + ("transformer.ln_f",)
-        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual), readers))
+        fixed_axes = (
+            FixedAxes("vocabulary", tuple(index.axes(("transformer.wte.weight", 0), ("lm_head.weight", 0)))),
+            FixedAxes("positions", tuple(index.axes(("transformer.wpe.weight", 0)))),
+        )
+        return SymmetrySpec(
+            tuple(blocks), AxisPermutation("residual", d, tuple(residual), readers), fixed_axes=fixed_axes
+        )
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         return {"input_ids": token_inputs(model.config, batch_size, generator, model.config.n_positions)}
@@ -147,6 +154,11 @@ class _EncoderAdapter(_TokenAdapter):
         e = f"{self.base}.embeddings"
         projection = f"{self.base}.embeddings_project"
         task_heads = []
+        fixed_axes = [
+            FixedAxes("vocabulary", tuple(index.axes((f"{e}.word_embeddings.weight", 0)))),
+            FixedAxes("positions", tuple(index.axes((f"{e}.position_embeddings.weight", 0)))),
+            FixedAxes("inputs", tuple(index.axes((f"{e}.token_type_embeddings.weight", 0)))),
+        ]
         if index.optional(f"{projection}.weight"):
             residual = index.linear_writes(projection)
             task_heads.append(self._embedding_space(index, e, projection, c.embedding_size))
@@ -194,16 +206,21 @@ class _EncoderAdapter(_TokenAdapter):
             first, second = self.task_head
             residual += index.linear_reads(first)
             task_heads.append(linear_feed_forward(index, first.rsplit(".", 1)[0], (first,), second, d).hidden)
+            fixed_axes.append(FixedAxes("classes", tuple(index.linear_writes(second))))
         if self.prediction_head is not None:
             head_residual, head = self._prediction_head(model, index, d)
             residual += head_residual
             task_heads += [head] if head is not None else []
+            p = self.prediction_head
+            vocabulary = index.axes((f"{p}.bias", 0)) + index.linear_writes(f"{p}.decoder")
+            fixed_axes.append(FixedAxes("vocabulary", tuple(vocabulary)))
         fixed = tuple(name for name in self.fixed_parameters if index.optional(name))
         return SymmetrySpec(
             tuple(blocks),
             AxisPermutation("residual", d, tuple(residual), tuple(readers)),
             fixed=fixed,
             task_heads=tuple(task_heads),
+            fixed_axes=tuple(fixed_axes),
         )
 
     @staticmethod
@@ -345,7 +362,15 @@ class ViTAdapter(ModelAdapter):
             readers += [f"{p}.layernorm_before", f"{p}.layernorm_after"]
         residual += index.elementwise("vit.layernorm") + index.linear_reads("classifier")
         readers.append("vit.layernorm")
-        return SymmetrySpec(tuple(blocks), AxisPermutation("residual", d, tuple(residual), tuple(readers)))
+        fixed_axes = (
+            FixedAxes(
+                "inputs", tuple(index.axes(*((f"{e}.patch_embeddings.projection.weight", k) for k in (1, 2, 3))))
+            ),
+            FixedAxes("positions", tuple(index.axes((f"{e}.position_embeddings", 1)))),
+            FixedAxes("classes", tuple(index.linear_writes("classifier"))),
+        )
+        residual_permutation = AxisPermutation("residual", d, tuple(residual), tuple(readers))
+        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=fixed_axes)
 
     # save_pretrained writes each layer in the layout of older transformers (its conversion mapping, reversed).
     SAVED_MODULES = {

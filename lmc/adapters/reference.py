@@ -13,7 +13,7 @@ from lmc.adapters.layout import (
     rotary_from_cos_sin,
 )
 from lmc.models.reference import Attention, Block, FeedForward, ReferenceTransformer
-from lmc.symmetry.spec import AxisPermutation, BlockSpec, SymmetrySpec
+from lmc.symmetry.spec import AxisPermutation, BlockSpec, FixedAxes, SymmetrySpec
 
 
 @register_adapter("lmc:ReferenceTransformer")
@@ -54,13 +54,19 @@ class ReferenceAdapter(ModelAdapter):
             residual += index.linear_writes(projections[3]) + index.linear_writes(f"{prefix}.mlp.down_proj")
             residual += [axis for p in inputs for axis in index.linear_reads(p)]
         residual += index.elementwise("norm") + index.linear_reads("head")
+        fixed_axes = [
+            FixedAxes("inputs", tuple(index.linear_reads("patch_embed"))),
+            FixedAxes("vocabulary", tuple(index.axes(("token_embed.weight", 0)))),
+            FixedAxes("positions", tuple(index.axes(("pos_embed", 0)))),
+            FixedAxes("vocabulary" if c.task == "causal_lm" else "classes", tuple(index.linear_writes("head"))),
+        ]
         if c.pe == "sinusoidal":
-            return SymmetrySpec(
-                tuple(blocks), None, "the sinusoidal position table is a fixed buffer added to the residual stream"
-            )
+            fixed_axes.append(FixedAxes("constant", tuple(residual)))  # the stream's coordinates are the table's
+            note = "the sinusoidal position table is a fixed buffer added to the residual stream"
+            return SymmetrySpec(tuple(blocks), None, note, fixed_axes=tuple(fixed_axes))
         readers = tuple(f"blocks.{i}.{norm}" for i in range(len(blocks)) for norm in ("attn_norm", "mlp_norm"))
         residual_permutation = AxisPermutation("residual", c.width, tuple(residual), readers + ("norm",))
-        return SymmetrySpec(tuple(blocks), residual_permutation)
+        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=tuple(fixed_axes))
 
     def model_inputs(self, model: ReferenceTransformer, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if model.config.task == "image_classification":

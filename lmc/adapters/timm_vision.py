@@ -27,6 +27,7 @@ from lmc.symmetry.spec import (
     AttentionSpec,
     AxisPermutation,
     BlockSpec,
+    FixedAxes,
     HeadSlot,
     RotaryLayout,
     SymmetrySpec,
@@ -153,7 +154,14 @@ def _vision_spec(
     residual += index.elementwise("norm") + index.elementwise("fc_norm") + index.linear_reads("head")
     # Every norm on the stream reads it; ``norm`` is an Identity under fc_norm and still reads it.
     readers = tuple(f"blocks.{i}.norm{k}" for i in range(len(blocks)) for k in (1, 2)) + ("norm",)
-    return SymmetrySpec(tuple(blocks), AxisPermutation("residual", width, tuple(residual), readers))
+    fixed_axes = (
+        FixedAxes("inputs", tuple(index.axes(*(("patch_embed.proj.weight", k) for k in (1, 2, 3))))),
+        FixedAxes("positions", tuple(index.axes(("pos_embed", 1)))),
+        FixedAxes("classes", tuple(index.linear_writes("head"))),
+    )
+    return SymmetrySpec(
+        tuple(blocks), AxisPermutation("residual", width, tuple(residual), readers), fixed_axes=fixed_axes
+    )
 
 
 class _TimmVisionAdapter(ModelAdapter):

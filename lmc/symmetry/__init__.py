@@ -1,12 +1,14 @@
 """Exact weight-space symmetries of Transformers as data and math (paper Sections 2-4; docs/spec.md, section 2).
 
-Specs (:mod:`lmc.symmetry.spec`) say where each group acts and which blocks a scope covers;
+Specs (:mod:`lmc.symmetry.spec`) say where each group acts, which axes no group acts on and why, and which blocks
+a scope covers; :mod:`lmc.symmetry.axes` checks that every parameter axis is explained;
 :mod:`lmc.symmetry.groups` holds ``GL``, RoPE's ``H`` and the sign flips left by per-head QK-norms;
 :mod:`lmc.symmetry.transforms` samples, applies, inverts and composes elements. Nothing here knows a model class: the
 model-level entry points (``model_spec``, ``describe``, ``random_symmetry``, ...) live in
 :mod:`lmc.adapters`, which turns models into specs.
 """
 
+from lmc.symmetry.axes import REASONS, AxisRole, explain_axes, unexplained_axes
 from lmc.symmetry.groups import (
     QKGroup,
     SignFlips,
@@ -20,12 +22,15 @@ from lmc.symmetry.spec import (
     SCOPES,
     AttentionSpec,
     AxisPermutation,
+    FixedAxes,
+    FixedReason,
     HeadSlot,
     RotaryLayout,
     Scope,
     SymmetrySpec,
     check_scope,
     scope_blocks,
+    scope_parameter_names,
 )
 from lmc.symmetry.transforms import (
     AttentionTransform,
@@ -40,11 +45,15 @@ from lmc.symmetry.transforms import (
 from lmc.symmetry.weights import AttentionWeights, attention_parameters, head_rows, read_attention, write_attention
 
 __all__ = [
+    "REASONS",
     "SCOPES",
     "AttentionSpec",
     "AttentionTransform",
     "AttentionWeights",
     "AxisPermutation",
+    "AxisRole",
+    "FixedAxes",
+    "FixedReason",
     "HeadSlot",
     "ModelTransform",
     "QKGroup",
@@ -56,6 +65,7 @@ __all__ = [
     "attention_parameters",
     "check_scope",
     "compute_dtype",
+    "explain_axes",
     "general_linear",
     "head_rows",
     "other_pair_layout",
@@ -65,8 +75,10 @@ __all__ = [
     "sample_attention_transform",
     "sample_transform",
     "scope_blocks",
+    "scope_parameter_names",
     "sign_flips",
     "transform_attention",
+    "unexplained_axes",
     "vo_group",
     "write_attention",
 ]

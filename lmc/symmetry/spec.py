@@ -13,6 +13,7 @@ GPT-NeoX's ``query_key_value`` interleaves them head by head).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -24,6 +25,10 @@ Scope = Literal["first_attention", "all_attention", "first_block", "full_model"]
 """Which part of a model is re-initialized and aligned (docs/spec.md, section 5): the first attention
 layer, every attention layer, the first block (attention and FFN) or the whole model."""
 SCOPES: tuple[str, ...] = get_args(Scope)
+FixedReason = Literal["inputs", "vocabulary", "classes", "positions", "constant"]
+"""Why no group acts on a parameter axis that an adapter declares fixed (:class:`FixedAxes`): it is indexed by
+the input's own coordinates (image channels and pixels, token types), by token ids, by a task head's classes or by
+token positions, or it is a constant of the architecture or coordinates such a constant pins."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,19 @@ class AxisPermutation:
 
 
 @dataclass(frozen=True)
+class FixedAxes:
+    """Parameter axes that no group acts on, for one reason (docs/spec.md, section 2, "Every axis explained").
+
+    Attributes:
+        reason: What indexes them (:data:`FixedReason`).
+        axes: ``(parameter name, axis)`` pairs.
+    """
+
+    reason: FixedReason
+    axes: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
 class FeedForwardSpec:
     """A feed-forward network whose hidden units permute.
 
@@ -220,6 +238,9 @@ class SymmetrySpec:
             of their own (BERT's tanh pooler, RoFormer's classifier MLP), and an embedding
             space read by a projection into the stream (RoFormer with ``embedding_size !=
             hidden_size``). Only ``full_model`` moves them.
+        fixed_axes: The axes of the model's parameters that no group acts on, each with its reason
+            (vocabulary rows, class logits, position tables, pixels). With the groups above they
+            explain every axis of every parameter (:func:`lmc.symmetry.axes.unexplained_axes`).
     """
 
     blocks: tuple[BlockSpec, ...]
@@ -227,6 +248,7 @@ class SymmetrySpec:
     residual_note: str = field(default="", compare=False)
     fixed: tuple[str, ...] = ()
     task_heads: tuple[AxisPermutation, ...] = ()
+    fixed_axes: tuple[FixedAxes, ...] = ()
 
     @property
     def attention(self) -> tuple[AttentionSpec, ...]:
@@ -250,3 +272,17 @@ def scope_blocks(spec: SymmetrySpec, scope: Scope) -> tuple[list[int], list[int]
     attention = [0] if scope in ("first_attention", "first_block") else every
     feed_forward = {"first_attention": [], "all_attention": [], "first_block": [0], "full_model": every}[scope]
     return attention, [i for i in feed_forward if spec.blocks[i].feed_forward is not None], scope == "full_model"
+
+
+def scope_parameter_names(spec: SymmetrySpec, scope: Scope, names: Iterable[str]) -> list[str]:
+    """The parameters among ``names`` that a scope re-initializes (docs/spec.md, section 5), in their order.
+
+    ``full_model`` is every parameter but the architecture's constants (``spec.fixed``); the
+    others are the attention layers' projections, biases and norms, plus for ``first_block`` the
+    first feed-forward network.
+    """
+    attention, feed_forward, whole = scope_blocks(spec, scope)
+    owned = {p for i in attention for p in spec.blocks[i].attention.parameters}
+    owned |= {p for i in feed_forward for p in spec.blocks[i].feed_forward.parameters}
+    fixed = set(spec.fixed)
+    return [name for name in names if (whole and name not in fixed) or name in owned]
