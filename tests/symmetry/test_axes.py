@@ -6,8 +6,10 @@ import dataclasses
 import functools
 
 import pytest
+import torch
 
 from lmc.adapters import model_spec
+from lmc.models import create_model
 from lmc.symmetry import (
     REASONS,
     SCOPES,
@@ -109,3 +111,9 @@ def test_an_axis_declared_fixed_that_the_model_lacks_is_refused():
         ValueError, match="axis 2 of token_embed.weight fixed .positions., but the model has no such axis"
     ):
         explain_axes(wrong, "full_model", shapes)
+
+
+def test_timm_register_tokens_are_named_as_a_symmetry_the_spec_leaves_out():
+    model = create_model("vit-tiny", dtype=torch.float64, reg_tokens=2, no_embed_class=True)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert unexplained_axes(model_spec(model), "full_model", shapes) == [("reg_token", 1)]
