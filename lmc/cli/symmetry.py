@@ -2,7 +2,8 @@
 
 For each model: a random element of its full symmetry group keeps the outputs while moving
 the weights; a generic ``GL(d_h)`` on Q/K keeps an APE model but breaks a RoPE one; an ``H``
-built for the other rotary pair layout breaks a RoPE model too.
+built for the other rotary pair layout breaks a RoPE model too; and every parameter axis is moved
+by a group or fixed for a reason (docs/spec.md, section 2, "Every axis explained").
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from lmc.matching.checks import probe_error
 from lmc.models import create_model, randomize_parameters_
 from lmc.symmetry import (
     ModelTransform,
+    explain_axes,
     general_linear,
     other_pair_layout,
     rotary_commutant,
     sample_attention_transform,
+    unexplained_axes,
 )
 
 #: Probe inputs per model: the relative output change is measured on this many random samples.
@@ -53,7 +56,7 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
     """Run the checks in float64 and print one row per model; returns the rows."""
     header = (
         f"{'model':15s} {'class':34s} {'PE':16s} {'heads':>5s} {'Q/K group':18s} "
-        f"{'symmetry':>9s} {'weights':>8s} {'GL on Q/K':>10s} {'other H':>9s}"
+        f"{'symmetry':>9s} {'weights':>8s} {'GL on Q/K':>10s} {'other H':>9s} {'axes fixed/left':>15s}"
     )
     print("Relative output change on random inputs (float64). 'symmetry': a random element of the full group.")
     print(header)
@@ -62,7 +65,10 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
     for name in models:
         model = randomize_parameters_(create_model(name, dtype=torch.float64), seed=seed)
         layer = describe(model)[0]
-        spec = model_spec(model).blocks[0].attention
+        model_symmetry = model_spec(model)
+        spec = model_symmetry.blocks[0].attention
+        shapes = {parameter: p.shape for parameter, p in model.named_parameters()}
+        roles = explain_axes(model_symmetry, "full_model", shapes)
         transformed = random_symmetry(model, "full_model", seed=seed)
         row = {
             "model": name,
@@ -74,20 +80,27 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
             "weights": weight_change(model, transformed),
             "gl_on_qk": probe_error(model, first_layer_with(model, general_linear(spec.head_dim)), PROBE_BATCH, seed),
             "other_h": None,
+            "fixed_axes": sum(role.reason is not None for role in roles.values()),
+            "unexplained_axes": unexplained_axes(model_symmetry, "full_model", shapes),
         }
         if spec.rotary is not None:
             wrong = rotary_commutant(spec.head_dim, other_pair_layout(spec.rotary))
             row["other_h"] = probe_error(model, first_layer_with(model, wrong), PROBE_BATCH, seed)
         rows.append(row)
         other = "-" if row["other_h"] is None else f"{row['other_h']:.1e}"
+        axes = f"{row['fixed_axes']}/{len(row['unexplained_axes'])}"
         print(
             f"{name:15s} {row['class']:34s} {row['pe']:16s} {row['heads']:>5s} {row['qk_group']:18s} "
-            f"{row['symmetry']:9.1e} {row['weights']:8.2f} {row['gl_on_qk']:10.1e} {other:>9s}"
+            f"{row['symmetry']:9.1e} {row['weights']:8.2f} {row['gl_on_qk']:10.1e} {other:>9s} {axes:>15s}"
         )
+        for parameter, axis in row["unexplained_axes"]:
+            print(f"  unexplained: axis {axis} of {parameter} (no group moves it and the spec gives no reason)")
     print(
         "\nA symmetry keeps outputs to rounding (~1e-16; the RMSNorm of HF Llama, Mistral, Qwen2 and Qwen3 computes in "
         "float32, ~1e-7) while the weights move by O(1).\n"
-        "GL on Q/K is a symmetry only without RoPE; an H for the wrong pair layout never is."
+        "GL on Q/K is a symmetry only without RoPE; an H for the wrong pair layout never is.\n"
+        "'axes fixed/left': parameter axes that no group of the full model moves, each for a reason (vocabulary, "
+        "classes, positions, inputs, ...), and axes left with neither."
     )
     return rows
 

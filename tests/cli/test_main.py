@@ -29,6 +29,10 @@ def test_symmetry_demo_rows_show_exact_symmetries_and_broken_near_misses(capsys)
     for name in ("llama-tiny", "roformer-tiny", "gpt-neox-tiny"):
         assert rows[name]["gl_on_qk"] > 1e-4 and rows[name]["other_h"] > 1e-4
     assert all(row["weights"] > 0.5 for row in rows.values())
+    assert all(row["unexplained_axes"] == [] for row in rows.values())
+    # vit-tiny: cls_token (2 singleton axes), pos_embed (singleton, positions), the patch Conv2d's channels and
+    # pixels (3), the head's classes (weight and bias)
+    assert rows["vit-tiny"]["fixed_axes"] == 9
     assert "RoFormerForSequenceClassification" in capsys.readouterr().out
 
 
