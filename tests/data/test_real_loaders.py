@@ -722,7 +722,7 @@ def test_every_config_instantiates_its_data_module_with_the_constructor_defaults
     names = {path.stem for path in CONFIGS.glob("*.yaml")}
     assert names >= {
         "mnist", "cifar10", "cifar100", "imagenet", "ag_news", "imdb", "dbpedia", "wikitext103", "enwik8",
-        "one_billion_word", "digits", "python_docs_lm", "python_text_kinds",
+        "one_billion_word", "digits", "python_docs_lm", "python_text_kinds", "bible_divisions",
     }  # fmt: skip
     for path in sorted(CONFIGS.glob("*.yaml")):
         data = yaml.safe_load(path.read_text())  # a group file: the data group itself
