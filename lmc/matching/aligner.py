@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -16,6 +17,7 @@ from torch import nn
 from lmc.adapters import adapter_for, scope_parameters
 from lmc.matching.calibration import Calibration, PairedMoment, paired_correlations, paired_moments
 from lmc.matching.checks import require_finite
+from lmc.matching.grams import LayerGrams
 from lmc.matching.layers import (
     align_attention_layer,
     align_feed_forward_layer,
@@ -26,6 +28,7 @@ from lmc.matching.layers import (
     stacked_copies,
 )
 from lmc.matching.learned import LearnedAlignment, learn_attention
+from lmc.matching.midpoint import midpoint_cost
 from lmc.matching.permutation import best_permutation
 from lmc.matching.results import AlignmentError, AlignmentReport, LayerAlignment
 from lmc.matching.stage2 import attention_stages
@@ -69,12 +72,22 @@ class WeightDescent:
         """The captured input and output moments of attention layer ``index`` (``None`` when not captured)."""
         return self.moments.get(f"input:{index}"), self.moments.get(f"output:{index}")
 
+    def stage1_cost(self, index: int) -> Callable[[LayerGrams], torch.Tensor] | None:
+        """The Stage 1 cost of layer ``index`` where it needs more than the Grams (``None``: from the Grams)."""
+        return None
+
     def permute_heads(self, index: int) -> bool:
         """Stage 1 only; returns whether the head order changed."""
         layer = self.spec.blocks[index].attention
         order = (self.options.head_orders or {}).get(index)
         grams, _, _, match, kv_match, _ = attention_stage1(
-            self.parameters, self.target, layer, self.options, order, *self.layer_moments(index)
+            self.parameters,
+            self.target,
+            layer,
+            self.options,
+            order,
+            *self.layer_moments(index),
+            self.stage1_cost(index),
         )
         if torch.equal(match, torch.arange(len(match))):
             return False
@@ -88,7 +101,14 @@ class WeightDescent:
         order = (self.options.head_orders or {}).get(index)
         naive = layer_distance(self.original, self.target, layer)
         element, record = align_attention_layer(
-            self.parameters, self.target, layer, self.options, order, naive, *self.layer_moments(index)
+            self.parameters,
+            self.target,
+            layer,
+            self.options,
+            order,
+            naive,
+            *self.layer_moments(index),
+            self.stage1_cost(index),
         )
         self.apply(ModelTransform(attention={index: element}))
         overall = self.report.transform.attention[index]
@@ -164,6 +184,14 @@ class Aligner(WeightDescent):
     def transform_parameters(self, transform: ModelTransform) -> None:
         super().transform_parameters(transform)
         self.move_moments(transform)
+
+    def stage1_cost(self, index: int) -> Callable[[LayerGrams], torch.Tensor] | None:
+        if self.options.metric != "midpoint":
+            return None
+        layer = self.spec.blocks[index].attention
+        return lambda grams: midpoint_cost(
+            self.working, self.target_model, layer, grams, self.options, self.calibration
+        )
 
     def capture(self, attention: list[int]) -> None:
         """The activation statistics the options read, from one calibration pass of both models.

@@ -93,6 +93,19 @@ class PairedMoment:
         return PairedMoment(source, cross, self.target, self.tokens)
 
 
+class CalibrationLoss(nn.Module):
+    """``calibration.forward(model, batch)`` as a module, so ``torch.func.functional_call`` can swap the
+    model's parameters (``model.<name>``) without touching the model."""
+
+    def __init__(self, model: nn.Module, forward: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]):
+        super().__init__()
+        self.model = model
+        self.loss = forward
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.loss(self.model, batch)
+
+
 def batch_to_model(batch: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """``batch`` on the model's device, its floating tensors in the model's dtype (labels and tokens keep theirs)."""
     return {

@@ -70,7 +70,13 @@ def head_cost(
             ``x_m W_Q^i W_K^i^T x_n^T`` over pairs of calibration tokens drawn independently (from
             the data Grams; with RoPE the rotation-free part, as ``invariant``). Both are invariant
             under the group, and neither reads directions the layer's input never takes.
+        ``midpoint`` runs the models, so the aligner computes it (:mod:`lmc.matching.midpoint`).
     """
+    if options.metric == "midpoint":
+        raise ValueError(
+            "metric='midpoint' runs the models on calibration batches (lmc.matching.midpoint.midpoint_cost), "
+            "so it has no cost from the Grams alone; align in memory with a calibration"
+        )
     if options.metric == "weight":
         return _pairwise_stage2_distance(grams, spec, options)
     p = invariant_products(grams, spec.queries_per_kv)

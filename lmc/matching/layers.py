@@ -7,7 +7,7 @@ model's parameters in memory or a checkpoint streamed from disk.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -55,6 +55,7 @@ def attention_stage1(
     order: list[int] | None = None,
     input_moment: PairedMoment | None = None,
     output_moment: PairedMoment | None = None,
+    cost_of: Callable[[LayerGrams], torch.Tensor] | None = None,
 ) -> tuple[LayerGrams, LayerGrams, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
     """The Grams, the Stage 1 cost and head assignment of one layer pair, and the seconds each took.
 
@@ -66,6 +67,8 @@ def attention_stage1(
         input_moment: The layer input's paired moments (augmented with 1), for ``objective="data"``
             and ``metric="activation"``.
         output_moment: What ``W_O`` reads, paired, for ``metric="activation"``.
+        cost_of: The Stage 1 cost from the Grams Stage 2 fits, for metrics that need more than the
+            Grams (``metric="midpoint"`` runs the models: :func:`~lmc.matching.midpoint.midpoint_cost`).
 
     Returns:
         ``(grams, stage2_grams, cost, match, kv_match, seconds)``: the weight Grams, the Grams
@@ -84,8 +87,11 @@ def attention_stage1(
     stage2_grams = data_grams if options.objective == "data" else grams
     seconds["grams"] = time.perf_counter() - start
     start = time.perf_counter()
-    cost_grams = data_grams if options.metric == "activation" else stage2_grams
-    cost = head_cost(cost_grams, layer, options, output_moment)
+    if cost_of is not None:
+        cost = cost_of(stage2_grams)
+    else:
+        cost_grams = data_grams if options.metric == "activation" else stage2_grams
+        cost = head_cost(cost_grams, layer, options, output_moment)
     require_finite(bool(torch.isfinite(cost).all()), f"{layer.name}: the Stage 1 head cost", dtype)
     match, kv_match = assign_heads(cost, layer.queries_per_kv) if order is None else imposed_order(order, layer)
     seconds["stage1"] = time.perf_counter() - start
@@ -101,6 +107,7 @@ def align_attention_layer(
     naive_distance: float | None = None,
     input_moment: PairedMoment | None = None,
     output_moment: PairedMoment | None = None,
+    cost_of: Callable[[LayerGrams], torch.Tensor] | None = None,
 ) -> tuple[AttentionTransform, LayerAlignment]:
     """Both stages on one attention layer pair: the group element up to ``options.last_stage`` and its record.
 
@@ -113,13 +120,14 @@ def align_attention_layer(
         order: A head order to impose instead of Stage 1's.
         naive_distance: The distance before alignment, recorded first (default: from ``source``).
         input_moment, output_moment: Activation statistics of data-aware options (:func:`attention_stage1`).
+        cost_of: A Stage 1 cost that needs more than the Grams (:func:`attention_stage1`).
 
     Returns:
         ``(element, record)``: ``element`` maps the source layer's weights to the aligned ones;
         ``record.assignment``/``kv_assignment`` describe this element alone.
     """
     grams, stage2_grams, cost, match, kv_match, seconds = attention_stage1(
-        source, target, layer, options, order, input_moment, output_moment
+        source, target, layer, options, order, input_moment, output_moment, cost_of
     )
     start = time.perf_counter()
     stages = attention_stages(stage2_grams, layer, match, kv_match, options.last_stage, options)

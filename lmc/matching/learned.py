@@ -19,13 +19,13 @@ then after each pass over the calibration batches and at the end: ``learned`` ne
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from lmc.matching.calibration import Calibration, batch_to_model
+from lmc.matching.calibration import Calibration, CalibrationLoss, batch_to_model
 from lmc.matching.options import AlignOptions
 from lmc.symmetry import (
     AttentionTransform,
@@ -77,18 +77,6 @@ class LearnedAlignment:
         }
 
 
-class _CalibrationLoss(nn.Module):
-    """``calibration.forward(model, batch)`` as a module, so ``functional_call`` can swap the model's parameters."""
-
-    def __init__(self, model: nn.Module, forward: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]):
-        super().__init__()
-        self.model = model
-        self.loss = forward
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.loss(self.model, batch)
-
-
 def learn_attention(
     working: nn.Module,
     target: nn.Module,
@@ -117,7 +105,7 @@ def learn_attention(
     ours, theirs = dict(working.named_parameters()), dict(target.named_parameters())
     reference = next(iter(theirs.values()))
     batches = [batch_to_model(batch, reference.device, reference.dtype) for batch in calibration.batches]
-    loss_of = _CalibrationLoss(target, calibration.forward)
+    loss_of = CalibrationLoss(target, calibration.forward)
     fixed = {name: (theirs[name].detach(), ours[name].detach()) for name in moving}
 
     layer_specs = [spec.blocks[index].attention for index in layers]

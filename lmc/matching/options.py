@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 Method = Literal["naive", "permutation", "orthogonal", "full", "learned"]
-Metric = Literal["invariant", "weight", "correlation", "activation"]
+Metric = Literal["invariant", "weight", "correlation", "activation", "midpoint"]
 Objective = Literal["weight", "data"]
 UnitMatching = Literal["weight", "activation"]
 METHODS: tuple[str, ...] = get_args(Method)
@@ -43,8 +43,11 @@ class AlignOptions:
     ``V O``), ``weight`` (the weight distance left after Stage 2 for each candidate pair) or
     ``correlation`` (cosine similarities of the invariant products) or ``activation`` (cosine
     similarities of each head's output through ``W_O`` on the calibration batches, plus those of its
-    attention logits, ``x_m W_Q W_K^T x_n^T`` over calibration tokens; needs a calibration).
-    The weight-based metrics read the Grams ``objective`` selects."""
+    attention logits, ``x_m W_Q W_K^T x_n^T`` over calibration tokens; needs a calibration) or
+    ``midpoint`` (the calibration loss of the target with head ``j`` replaced by the midpoint of its
+    weights and source head ``i``'s after Stage 2, one head at a time: ``h`` Stage 2 solves and
+    ``h^2`` passes over the calibration batches per layer; needs a calibration and the models in memory).
+    The weight-based metrics and ``midpoint``'s Stage 2 read the Grams ``objective`` selects."""
 
     objective: Objective = "weight"
     """What Stage 1's weight-based metrics and Stage 2 measure: ``weight`` (the raw weights,
@@ -117,7 +120,7 @@ class AlignOptions:
         return (
             self.method == "learned"
             or self.objective == "data"
-            or self.metric == "activation"
+            or self.metric in ("activation", "midpoint")
             or self.unit_matching == "activation"
         )
 
@@ -135,6 +138,7 @@ class AlignOptions:
             ("method", "learned"),
             ("objective", "data"),
             ("metric", "activation"),
+            ("metric", "midpoint"),
             ("unit_matching", "activation"),
         ]
         return ", ".join(f"{name}={value}" for name, value in chosen if getattr(self, name) == value)

@@ -111,7 +111,7 @@ def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypat
         strategy: lmc.experiments.run.alignment_labels(run.protocol.alignment_options) for strategy, run in runs.items()
     }
     table1 = ["permutation", "orthogonal", "full", "full-metric=weight", "full-metric=correlation"]
-    table1 += ["full-metric=weight-objective=data", "full-metric=activation"]  # Stage 1 settings on data
+    table1 += ["full-metric=weight-objective=data", "full-metric=activation", "full-metric=midpoint"]  # on data
     assert labels == {
         "first_attention": table1 + study.method_labels[1:],
         "all_attention": ["full"],
