@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -50,8 +51,11 @@ class Cluster:
         max_jobs: Jobs submitted at a time (``None``: ``lmc run`` 1, ``lmc repro`` its ``--jobs``).
         partition: SLURM partition (``None``: the cluster's default).
         gpus_per_job: GPUs of each job (a fit on several GPUs runs Lightning DDP, one task per GPU).
-        cpus_per_job: CPUs of each job (of each task of a multi-GPU fit).
+        cpus_per_job: CPUs of each job (of each task of a multi-task fit).
         nodes: Nodes of each fit (DDP across nodes); alignments and sweeps use one node.
+        tasks_per_node: Processes of each fit on each node, the ranks of one Lightning DDP fit
+            (``trainer.devices``); ``None``: one per GPU, or one without GPUs. Several tasks
+            without GPUs train on CPUs (gloo). Alignments and sweeps run one task.
         time_limit_min: Time limit of each job in minutes. On SLURM a job that reaches it is
             requeued (at most three times) and starts again from its stage's resume state: a
             sweep from its finished points, a fit from its beginning (give a fit the time it needs).
@@ -66,6 +70,7 @@ class Cluster:
     gpus_per_job: int = 0
     cpus_per_job: int = 1
     nodes: int = 1
+    tasks_per_node: int | None = None
     time_limit_min: int = 240
     slurm_options: dict[str, str] = field(default_factory=dict)
     folder: str | None = None
@@ -80,6 +85,19 @@ class Cluster:
                 raise ValueError(f"cluster.{name} must be at least 1, got {getattr(self, name)}")
         if self.gpus_per_job < 0:
             raise ValueError(f"cluster.gpus_per_job must be 0 or more, got {self.gpus_per_job}")
+        if self.tasks_per_node is not None and self.tasks_per_node < 1:
+            raise ValueError(f"cluster.tasks_per_node must be at least 1, got {self.tasks_per_node}")
+        if self.gpus_per_job and self.tasks_per_node not in (None, self.gpus_per_job):
+            raise ValueError(
+                f"a fit on GPUs runs one task per GPU, but cluster.tasks_per_node is {self.tasks_per_node} with "
+                f"cluster.gpus_per_job {self.gpus_per_job}: drop cluster.tasks_per_node or set it to "
+                f"{self.gpus_per_job}"
+            )
+
+    @property
+    def fit_tasks(self) -> int:
+        """Processes of a fit on each node (its DDP ranks there): ``tasks_per_node``, else one per GPU, else one."""
+        return self.tasks_per_node or max(1, self.gpus_per_job)
 
 
 def ignore_srun_hint() -> None:
@@ -150,12 +168,18 @@ def die_with_parent(parent: int, poll_seconds: float = 0.5) -> None:
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
-def _in_job(call: Callable[[], Any], threads: int, parent: int | None) -> Any:
-    """A job's body in its process: ``threads`` torch threads, ended with ``parent`` if given."""
+def _in_job(call: Callable[[], Any], threads: int, parent: int | None, main_port: int | None = None) -> Any:
+    """A job's body in its process: ``threads`` torch threads, ended with ``parent`` if given; with
+    ``main_port``, one task of a DDP fit on the local executor."""
     import torch
 
     if parent is not None:
         die_with_parent(parent)
+    if main_port is not None:
+        # Lightning finds a SLURM job's ranks in SLURM's variables; submitit's local tasks get theirs
+        # from these (its LightningEnvironment), or each would start a DDP group of its own.
+        local_rank = os.environ["SUBMITIT_LOCAL_LOCALID"]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(main_port), NODE_RANK="0", LOCAL_RANK=local_rank)
     torch.set_num_threads(threads)
     try:
         return call()
@@ -168,11 +192,18 @@ def _in_job(call: Callable[[], Any], threads: int, parent: int | None) -> Any:
 class _Body(Checkpointable):
     """A job's callable: on a preemption signal submitit requeues it as it was, and its stage resumes."""
 
-    def __init__(self, call: Callable[[], Any], threads: int, parent: int | None):
-        self.call, self.threads, self.parent = call, threads, parent
+    def __init__(self, call: Callable[[], Any], threads: int, parent: int | None, main_port: int | None = None):
+        self.call, self.threads, self.parent, self.main_port = call, threads, parent, main_port
 
     def __call__(self) -> Any:
-        return _in_job(self.call, self.threads, self.parent)
+        return _in_job(self.call, self.threads, self.parent, self.main_port)
+
+
+def _free_port() -> int:
+    """A TCP port free on this machine now (the rendezvous of a local DDP fit's tasks)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _executor(cluster: Cluster, folder: Path, job: Job):
@@ -297,7 +328,9 @@ def run_jobs(
                 if handle is not None:
                     print(f"{job.name}: still queued or running on SLURM (job {handle.job_id}): waiting for it")
                 else:
-                    handle = _executor(cluster, folder, job).submit(_Body(job.call, threads, parent))
+                    ddp_on_this_machine = cluster.executor == "local" and _tasks(cluster, job) > 1
+                    body = _Body(job.call, threads, parent, _free_port() if ddp_on_this_machine else None)
+                    handle = _executor(cluster, folder, job).submit(body)
                     print(f"{job.name}: submitted ({cluster.executor} job {handle.job_id})", flush=True)
                 running.append(_Running(job, handle))
                 if cluster.executor == "slurm":
@@ -357,8 +390,8 @@ def _still_alive(folder: Path, submitted: dict[str, list], names: set[str]) -> d
 
 
 def _tasks(cluster: Cluster, job: Job) -> int:
-    """Processes of a job: one per GPU for a fit (Lightning DDP), else one."""
-    return max(1, cluster.gpus_per_job) if job.fit else 1
+    """Processes of a job on each node: a fit's DDP ranks (:attr:`Cluster.fit_tasks`), else one."""
+    return cluster.fit_tasks if job.fit else 1
 
 
 def _blocked(jobs: list[Job], failed: dict[str, str]) -> set[str]:

@@ -431,17 +431,19 @@ class Experiment:
             return self._summarize()
 
     def _check_fit_tasks(self, cluster: Cluster) -> None:
-        """Refuse a trainer that would not use the processes a fit's job starts: one per GPU on each
-        of ``cluster.nodes`` nodes, which Lightning's DDP joins only when the trainer asks for as many."""
+        """Refuse a trainer that would not use the processes a fit's job starts: ``cluster.fit_tasks``
+        on each of ``cluster.nodes`` nodes, which Lightning's DDP joins only when the trainer asks for as many."""
         if cluster.executor == "inline":
             return
-        trainer, per_node = self.config.trainer, max(1, cluster.gpus_per_job)
-        devices_match = per_node == 1 or str(trainer.devices) in (str(per_node), "-1")
+        trainer, per_node = self.config.trainer, cluster.fit_tasks
+        every_gpu = ("-1",) if cluster.gpus_per_job else ()  # devices -1: every GPU the job has
+        devices_match = per_node == 1 or str(trainer.devices) in (str(per_node), *every_gpu)
         if trainer.num_nodes != cluster.nodes or not devices_match:
             raise RunError(
                 f"each fit's job starts {cluster.nodes} node(s) x {per_node} process(es) (cluster.nodes, "
-                f"cluster.gpus_per_job), but the trainer asks for num_nodes {trainer.num_nodes} and devices "
-                f"{trainer.devices}: set --trainer.num_nodes {cluster.nodes} --trainer.devices {per_node} (or -1)"
+                f"cluster.tasks_per_node or cluster.gpus_per_job), but the trainer asks for num_nodes "
+                f"{trainer.num_nodes} and devices {trainer.devices}: set --trainer.num_nodes {cluster.nodes} "
+                f"--trainer.devices {per_node}{' (or -1)' if every_gpu else ''}"
             )
 
     def _summarize(self) -> dict[str, Any]:

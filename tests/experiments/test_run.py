@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lightning
 import pytest
+import torch
 import yaml
 
 import lmc.connectivity.results
@@ -20,7 +21,9 @@ import lmc.experiments.table1
 from lmc.cli import main
 from lmc.connectivity import BARRIERS, barrier_ratios
 from lmc.connectivity.interpolation import SweepStore, barriers, evenly_spaced
-from lmc.experiments.protocol import Protocol, alignment_labels
+from lmc.experiments.jobs import run_jobs
+from lmc.experiments.protocol import Protocol, alignment_labels, experiment_cli
+from lmc.experiments.run import Experiment
 from lmc.experiments.spread import cell, spread
 from lmc.experiments.summary import summarize, summary_table
 from lmc.experiments.table1 import rank_and_l_hat
@@ -524,7 +527,8 @@ def test_head_orders_of_a_wide_layer_are_refused_before_any_training(tmp_path, c
 
 
 def test_a_fit_job_whose_processes_the_trainer_would_not_use_is_refused_before_any_job(tmp_path, capsys):
-    """Two GPUs per job start two DDP processes: a trainer on one device would leave one waiting."""
+    """Two GPUs (or tasks_per_node 2) per job start two DDP processes: a trainer on one device would
+    leave one waiting."""
     from tests.cli import fails
 
     config = _config(tmp_path, {"executor": "local", "gpus_per_job": 2})
@@ -532,4 +536,72 @@ def test_a_fit_job_whose_processes_the_trainer_would_not_use_is_refused_before_a
     assert "starts 1 node(s) x 2 process(es)" in error and "--trainer.devices 2 (or -1)" in error
     error = fails(["run", "--config", config, "--cluster.gpus_per_job", "0", "--cluster.nodes", "2"], capsys)
     assert "num_nodes 1" in error and "--trainer.num_nodes 2" in error
+    # Two tasks on CPUs: devices 2 (gloo); -1 means every GPU, which they do not have.
+    on_cpus = ["--cluster.gpus_per_job", "0", "--cluster.tasks_per_node", "2"]
+    error = fails(["run", "--config", config, *on_cpus, "--trainer.devices", "1"], capsys)
+    assert "starts 1 node(s) x 2 process(es)" in error and "--trainer.devices 2 (LMC_DEBUG" in error
+    error = fails(["run", "--config", config, "--cluster.tasks_per_node", "3"], capsys)
+    assert "one task per GPU" in error and "drop cluster.tasks_per_node or set it to 2" in error
     assert not (tmp_path / "run").exists()  # refused before the folder is taken
+
+
+def _ddp_config(folder: Path, cluster: dict, batch_size: int, devices: int) -> str:
+    """The tiny experiment with a DDP trainer of ``devices`` ranks on CPUs, ``batch_size`` samples each."""
+    config = yaml.safe_load(Path(_config(folder, cluster)).read_text())
+    config["data"]["init_args"]["batch_size"] = batch_size
+    config["trainer"].update(strategy="ddp", devices=devices)
+    path = folder / "ddp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def _pretrain_job(config: str) -> Path:
+    """The ``pretrain`` stage of ``config`` as ``lmc run`` submits it, one job; returns the run folder."""
+    experiment = Experiment(experiment_cli(["--config", config], run=False))
+    experiment._check_fit_tasks(experiment.cluster)
+    (job,) = [job for job in experiment.jobs() if job.name == "pretrain"]
+    run_jobs([job], experiment.cluster, experiment.root / "jobs", threads=1)
+    return experiment.root
+
+
+#: Float32 rounding: DDP averages the two ranks' mean gradients where one process takes the mean of
+#: all 32 samples, a sum in another order at each of 6 AdamW steps (measured 5.4e-7; the same
+#: samples drawn in another order move the weights by 2e-2).
+DDP_ATOL = 5e-6
+
+
+def fit_as_two_task_ddp_job(tmp_path: Path, cluster: dict) -> Path:
+    """Pre-train as a 2-task DDP job on ``cluster`` (16 samples per rank) and check it against one
+    process with the global batch of 32; returns the DDP run's folder.
+
+    Checks that Lightning saw both ranks in a world of 2 (each task's log), that only rank 0 wrote
+    the stage (its two files, one TensorBoard log) and that the weights are the one process's.
+    """
+    for name in ("one_process", "ddp"):
+        (tmp_path / name).mkdir()
+    # The reference: one process, the global batch in the order DDP's sampler draws it (Lightning's
+    # DistributedSampler, here of one replica: DDP on one device), in a process of its own.
+    one_process = _pretrain_job(_ddp_config(tmp_path / "one_process", {"executor": "local"}, 32, 1))
+    ddp = _pretrain_job(_ddp_config(tmp_path / "ddp", cluster, 16, 2))
+    logs = sorted((ddp / "jobs").glob("*_log.err"))
+    assert [path.name.split("_")[1] for path in logs] == ["0", "1"]  # one job, two tasks
+    for rank, log in enumerate(logs):
+        assert f"GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in log.read_text(), log.read_text()
+    assert sorted(path.name for path in (ddp / "pretrain").iterdir()) == ["final.ckpt", "stage.json"]
+    assert len(list((ddp / "tensorboard" / "pretrain").glob("events.out.tfevents.*"))) == 1
+    weights = {
+        name: torch.load(root / "pretrain" / "final.ckpt", weights_only=True)["state_dict"]
+        for name, root in (("ddp", ddp), ("one_process", one_process))
+    }
+    assert weights["ddp"].keys() == weights["one_process"].keys()
+    worst = max((weights["ddp"][k] - weights["one_process"][k]).abs().max().item() for k in weights["ddp"])
+    print(f"2-task DDP fit: largest weight difference to one process {worst:.1e}")
+    assert worst < DDP_ATOL
+    return ddp
+
+
+@pytest.mark.slow
+def test_a_fit_as_a_two_task_ddp_job_on_this_machine_equals_one_process_with_the_same_global_batch(tmp_path):
+    """``cluster.tasks_per_node 2`` on the local executor: submitit starts two tasks, which Lightning
+    joins into one DDP fit (gloo on CPUs)."""
+    fit_as_two_task_ddp_job(tmp_path, {"executor": "local", "tasks_per_node": 2})
