@@ -53,7 +53,7 @@ def align(
         timm_model: The timm model name of state-dict files (timm.list_models()).
         timm_args: timm.create_model arguments of state-dict files, e.g. '{num_classes: 10}'.
         data: The DataModule whose training split calibrates data-aware settings (objective data,
-            metric activation, unit_matching activation, method learned; required by them only): a
+            metric activation or midpoint, unit_matching activation, method learned; required by them only): a
             configs/data/*.yaml file, or a class path such as lmc.data.Digits.
         options: Alignment settings.
         device: Where a streamed alignment (two safetensors folders) computes its Grams, correlations
