@@ -17,7 +17,7 @@ from lmc.adapters import UnsupportedModelError, adapter_for, apply_transform, de
 from lmc.adapters.decoders import DecoderAdapter, DecoderLayout
 from lmc.models import create_model, randomize_parameters_
 from lmc.symmetry import SCOPES, ModelTransform, general_linear, qk_group, sample_attention_transform
-from tests.architectures import DECODERS, build, relative_difference
+from tests.architectures import ARCHITECTURES, DECODERS, build, relative_difference
 from tests.symmetry.test_groups import commutant_dimension, rotations
 
 BROKEN = 1e-4
@@ -245,3 +245,26 @@ def test_a_pre_norm_gain_folds_into_its_linear_readers_exactly(monkeypatch):
                 getattr(layer.self_attn, name).weight.mul_(c[None, :])
         change = relative_difference(outputs(model), outputs(folded))
         assert change < 1e-12 if exact else change > BROKEN, (readers, change)
+
+
+# Families whose attention adds something to Llama's, and the dimension of lmc's Q/K group of a head
+# of 8: H(8) where every coordinate rotates, 2 pairs of H times GL(4) under Phi-3's half rotary.
+QK_DIMENSIONS = {"mistral-swa": 8, "qwen2-gqa": 8, "gemma-gqa": 8, "gemma2-capped": 8, "phi3-partial": 4 + 16}
+
+
+@pytest.mark.parametrize("key", list(QK_DIMENSIONS))
+def test_the_group_has_the_dimension_of_the_models_own_symmetries(key, monkeypatch):
+    """Windows, q/k/v biases, (1 + w) norms and capping, fused blocks: lmc's group is complete, not a subgroup.
+
+    One query head per KV head, so that head 0's ``(C, C^-T)`` moves nothing else (Qwen3: test_qwen3.py).
+    """
+    from tests.symmetry.test_gpt_neox import _null_dimension, _qk_tangent, _vo_tangent
+
+    module, name = NORMS[key].split(":")
+    forward = _float64_gemma_rms_norm if key.startswith("gemma") else _float64_rms_norm
+    monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", forward)
+    zoo_name, overrides = ARCHITECTURES[key]
+    model = randomize_parameters_(create_model(zoo_name, dtype=torch.float64, **overrides, num_key_value_heads=4))
+    layer = model_spec(model).blocks[0].attention
+    assert _null_dimension(model, _qk_tangent) == qk_group(layer).num_coordinates == QK_DIMENSIONS[key]
+    assert _null_dimension(model, _vo_tangent) == layer.head_dim**2  # GL(d_h) on V/O

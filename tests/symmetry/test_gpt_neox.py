@@ -139,10 +139,15 @@ def _head0(tensor: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     return torch.cat([tensor[:1] @ matrix, tensor[1:]])
 
 
+def _bias_head0(bias: torch.Tensor | None, matrix: torch.Tensor) -> torch.Tensor | None:
+    """Per-head biases (``(h, d_h)``) with head 0's times ``matrix``; a model without them has none to move."""
+    return None if bias is None else _head0(bias[:, None], matrix)[:, 0]
+
+
 def _query_tangent(weights: AttentionWeights, a: torch.Tensor) -> AttentionWeights:
     """Head 0's queries by ``I + A``, nothing else: no symmetry, the scale of the Jacobians."""
     eye = torch.eye(a.shape[0], dtype=a.dtype)
-    moved = _head0(weights.query, eye + a), _head0(weights.query_bias[:, None], eye + a)[:, 0]
+    moved = _head0(weights.query, eye + a), _bias_head0(weights.query_bias, eye + a)
     return AttentionWeights(**{**vars(weights), "query": moved[0], "query_bias": moved[1]})
 
 
@@ -154,8 +159,8 @@ def _qk_tangent(weights: AttentionWeights, a: torch.Tensor) -> AttentionWeights:
         key=_head0(weights.key, eye - a.T),
         value=weights.value,
         out=weights.out,
-        query_bias=_head0(weights.query_bias[:, None], eye + a)[:, 0],
-        key_bias=_head0(weights.key_bias[:, None], eye - a.T)[:, 0],
+        query_bias=_bias_head0(weights.query_bias, eye + a),
+        key_bias=_bias_head0(weights.key_bias, eye - a.T),
         value_bias=weights.value_bias,
     )
 
@@ -170,7 +175,7 @@ def _vo_tangent(weights: AttentionWeights, b: torch.Tensor) -> AttentionWeights:
         out=torch.cat([(eye - b) @ weights.out[:1], weights.out[1:]]),
         query_bias=weights.query_bias,
         key_bias=weights.key_bias,
-        value_bias=_head0(weights.value_bias[:, None], eye + b)[:, 0],
+        value_bias=_bias_head0(weights.value_bias, eye + b),
     )
 
 
