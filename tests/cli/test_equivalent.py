@@ -17,7 +17,7 @@ from lmc.models import create_model, randomize_parameters_
 from lmc.training import LMCModule
 from lmc.training.module import save_trained
 from tests.cli import fails
-from tests.formats.checkpoints import model, save_hf, save_timm
+from tests.formats.checkpoints import HF_MODELS, model, save_hf, save_timm
 from tests.runs import CONFIG, MODEL, data
 
 
@@ -164,6 +164,18 @@ def test_hugging_face_and_timm_folders_are_compared(folders, capsys):
     reason = next(line for line in out.splitlines() if line.startswith("reason: "))
     assert "config.layer_norm_epsilon (1e-05 in a, 0.001 in b)" in reason
     assert "no tolerance makes them equivalent" in reason and "lower" not in reason
+
+
+@pytest.mark.parametrize("key", list(HF_MODELS))
+def test_every_hugging_face_family_is_judged_equivalent_to_its_symmetry_and_not_to_another_seed(key, tmp_path, capsys):
+    network = model(*HF_MODELS[key], seed=0)
+    a = str(save_hf(network, tmp_path / "a", tokenizer=False))
+    b = str(save_hf(random_symmetry(network, scope="full_model", seed=3), tmp_path / "b", tokenizer=False))
+    c = str(save_hf(model(*HF_MODELS[key], seed=1), tmp_path / "c", tokenizer=False))
+    assert _exit_status(["equivalent", a, b]) == 0
+    assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
+    assert _exit_status(["equivalent", a, c]) == 1
+    assert "are NOT equivalent under the full_model group" in capsys.readouterr().out
 
 
 def test_pythia_folders_are_compared_with_their_residual_form(tmp_path, capsys):

@@ -26,6 +26,7 @@ HF_MODELS = {
     "qwen2-gqa": ("qwen2-tiny", {}),
     "qwen3-gqa": ("qwen3-tiny", {}),  # per-head q_norm, k_norm
     "phi3-partial": ("phi3-tiny", {}),  # fused [Q | K | V] and [gate | up]
+    "gemma-gqa": ("gemma-tiny", {}),  # (1 + w) RMSNorms, scaled embeddings, GeGLU, tied head
     "gemma2-capped": ("gemma2-tiny", {}),  # soft-capping, sublayer output norms, tied head
     "hf-vit": ("hf-vit-tiny", {}),
     "gpt-neox-parallel": ("gpt-neox-tiny", {}),  # its files store lm_head.weight as embed_out.weight

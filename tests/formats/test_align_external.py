@@ -79,10 +79,10 @@ def test_hf_directories_align_and_merge_into_loadable_directories(key, tmp_path,
     assert not list(output.glob(".*"))  # no temporary folder left
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "mistral-tiny", "qwen2-tiny", "qwen3-tiny", "gpt-neox-tiny"])
-def test_a_planted_pair_is_recovered_through_the_cli(name, tmp_path):
+@pytest.mark.parametrize("key", list(HF_MODELS))
+def test_a_planted_pair_is_recovered_through_the_cli(key, tmp_path):
     # The target is the source under a random full_model symmetry: aligning must find the target's weights.
-    source = model(name, {}, seed=0, dtype=torch.float64)
+    source = model(*HF_MODELS[key], seed=0, dtype=torch.float64)
     target = random_symmetry(source, scope="full_model", seed=5)
     source_dir, target_dir = save_hf(source, tmp_path / "s", False), save_hf(target, tmp_path / "t", False)
     main(["align", str(source_dir), str(target_dir), "--output", str(tmp_path / "out")])
