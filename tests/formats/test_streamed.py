@@ -77,15 +77,10 @@ CASES = [
     ("vit-tiny", torch.float32, False, "first_block"),
     ("mistral-tiny", torch.bfloat16, True, "first_block"),
     ("qwen2-tiny", torch.bfloat16, True, "all_attention"),
-    ("qwen3-tiny", torch.float32, True, "first_attention"),
+    ("qwen3-tiny", torch.float32, True, "first_attention"),  # q_norm, k_norm in the scope, moved by nothing
     ("gemma-tiny", torch.float32, False, "first_block"),  # tied head
     ("gemma2-tiny", torch.bfloat16, True, "all_attention"),
-    (
-        "phi3-tiny",
-        torch.float32,
-        True,
-        "first_block",
-    ),  # fused [Q | K | V] blocks and [gate | up]  # q_norm, k_norm in the scope, moved by nothing
+    ("phi3-tiny", torch.float32, True, "first_block"),  # fused [Q | K | V] blocks and [gate | up]
     ("bert-pretraining-tiny", torch.float32, True, "first_block"),  # MultiBERTs' heads, outside the scope
     ("bert-mlm-tiny", torch.bfloat16, False, "all_attention"),
     ("gpt-neox-tiny", torch.float32, True, "first_block"),  # embed_out.weight in the files is lm_head.weight
@@ -101,6 +96,14 @@ CASES = [
     ("vit-tiny", torch.bfloat16, False, "full_model"),
     ("gpt-neox-tiny", torch.bfloat16, True, "full_model"),
     ("qwen2-tiny", torch.float32, True, "full_model"),
+    ("mistral-tiny", torch.float32, False, "full_model"),
+    ("qwen3-tiny", torch.bfloat16, True, "full_model"),  # q_norm, k_norm: per-head gains no permutation moves
+    ("gemma-tiny", torch.bfloat16, True, "full_model"),  # tied head: the embedding's columns are the stream
+    ("gemma2-tiny", torch.float32, False, "full_model"),  # sublayer output norms on the stream
+    ("phi3-tiny", torch.bfloat16, True, "full_model"),  # both copies of each [gate | up] unit
+    ("bert-pretraining-tiny", torch.float32, False, "full_model"),  # the pooler's units with the NSP head
+    ("bert-mlm-tiny", torch.bfloat16, True, "full_model"),  # the tied transform on the stream
+    ("hf-vit-tiny", torch.float32, False, "full_model"),  # the class token and patch projection on the stream
 ]
 
 
