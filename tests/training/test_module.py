@@ -20,6 +20,13 @@ BACKBONES = {
     "hf-vit-tiny": Digits,  # transformers' ViTForImageClassification, fed pixel_values
     "gpt2-tiny": PythonDocsLM,
     "llama-tiny": PythonDocsLM,
+    "mistral-tiny": PythonDocsLM,
+    "qwen2-tiny": PythonDocsLM,
+    "qwen3-tiny": PythonDocsLM,
+    "gemma-tiny": PythonDocsLM,
+    "gemma2-tiny": PythonDocsLM,
+    "phi3-tiny": PythonDocsLM,
+    "gpt-neox-tiny": PythonDocsLM,  # Pythia's layout
     "bert-tiny": PythonTextKinds,
     "roformer-tiny": PythonTextKinds,
 }
