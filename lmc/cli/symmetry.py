@@ -96,8 +96,8 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
         for parameter, axis in row["unexplained_axes"]:
             print(f"  unexplained: axis {axis} of {parameter} (no group moves it and the spec gives no reason)")
     print(
-        "\nA symmetry keeps outputs to rounding (~1e-16; the RMSNorm of HF Llama, Mistral, Qwen2 and Qwen3 computes in "
-        "float32, ~1e-7) while the weights move by O(1).\n"
+        "\nA symmetry keeps outputs to rounding (~1e-16; the RMSNorms of the HF Llama-like decoders, Llama to Phi-3, "
+        "compute in float32, ~1e-7) while the weights move by O(1).\n"
         "GL on Q/K is a symmetry only without RoPE; an H for the wrong pair layout never is.\n"
         "'axes fixed/left': parameter axes that no group of the full model moves, each for a reason (vocabulary, "
         "classes, positions, inputs, ...), and axes left with neither."

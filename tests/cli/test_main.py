@@ -36,6 +36,31 @@ def test_symmetry_demo_rows_show_exact_symmetries_and_broken_near_misses(capsys)
     assert "RoFormerForSequenceClassification" in capsys.readouterr().out
 
 
+# model -> the Q/K group lmc symmetry reports for a head of 8 (docs/spec.md, section 2)
+FAMILY_GROUPS = {
+    "mistral-tiny": "H(8) dim 8",  # the window acts on positions
+    "qwen2-tiny": "H(8) dim 8",  # biases move with the group
+    "qwen3-tiny": "signs(8) dim 0",  # per-head QK-norm: sign flips of the rotary pairs
+    "gemma-tiny": "H(8) dim 8",
+    "gemma2-tiny": "H(8) dim 8",  # capping is injective
+    "phi3-tiny": "H(8) dim 20",  # half rotary: 2 pairs of H, GL(4) on the rest
+    "bert-mlm-tiny": "GL(8) dim 64",
+    "bert-pretraining-tiny": "GL(8) dim 64",
+    "hf-vit-tiny": "GL(8) dim 64",
+}
+
+
+def test_symmetry_reports_each_familys_group_and_a_random_element_keeps_it(capsys):
+    rows = {row["model"]: row for row in run(tuple(FAMILY_GROUPS))}
+    assert {name: row["qk_group"] for name, row in rows.items()} == FAMILY_GROUPS
+    for name, row in rows.items():
+        assert row["symmetry"] < (2e-6 if "bert" not in name and "vit" not in name else 1e-12), name
+        assert row["weights"] > 0.5 and row["unexplained_axes"] == [], name
+        if "H(" in row["qk_group"] or "signs" in row["qk_group"]:  # RoPE: a GL or the other H on Q/K breaks it
+            assert row["gl_on_qk"] > 1e-4 and row["other_h"] > 1e-4, name
+    assert "Qwen3ForCausalLM" in capsys.readouterr().out
+
+
 def test_an_unknown_model_is_one_line_naming_the_choices(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["symmetry", "--models", "[resnet50]"])
