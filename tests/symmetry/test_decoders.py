@@ -55,12 +55,17 @@ def _float64_gemma_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> tor
     return hidden_states * torch.rsqrt(variance + self.eps) * (1.0 + self.weight)
 
 
-@pytest.mark.parametrize("scope", SCOPES)
-@pytest.mark.parametrize("key", DECODERS)
-def test_random_symmetry_is_exact_when_the_norms_compute_in_float64(key, scope, monkeypatch):
+def _float64_norms(key: str, monkeypatch) -> None:
+    """The RMSNorms of architecture ``key`` computed in the input's dtype (float64) for this test."""
     module, name = NORMS[key].split(":")
     forward = _float64_gemma_rms_norm if key.startswith("gemma") else _float64_rms_norm
     monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", forward)
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("key", DECODERS)
+def test_random_symmetry_is_exact_when_the_norms_compute_in_float64(key, scope, monkeypatch):
+    _float64_norms(key, monkeypatch)
     model = build(key)
     transformed = random_symmetry(model, scope=scope, seed=1)
     assert relative_difference(outputs(model), outputs(transformed)) < 1e-12
@@ -210,12 +215,11 @@ def test_phi3_reads_its_fused_rows_as_blocks_and_moves_both_copies_of_each_unit(
     assert relative_difference(outputs(model), outputs(both)) < 1e-12
 
 
-def test_a_swiglu_unit_scales_on_up_and_down_exactly_but_not_on_its_gate(monkeypatch):
+@pytest.mark.parametrize("key", ["llama-gqa", "gemma-gqa"])  # SwiGLU, GeGLU
+def test_a_gated_unit_scales_on_up_and_down_exactly_but_not_on_its_gate(key, monkeypatch):
     """An exact symmetry lmc leaves out of its group (docs/spec.md, section 2): up by a, down by 1/a, per unit."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    monkeypatch.setattr(LlamaRMSNorm, "forward", _float64_rms_norm)
-    model = build("llama-gqa")
+    _float64_norms(key, monkeypatch)
+    model = build(key)
     reference = outputs(model)
     scales = torch.linspace(-2.0, 3.0, 64, dtype=torch.float64)  # non-zero, signs included
     scales[scales.abs() < 0.1] = 0.5
@@ -260,9 +264,7 @@ def test_the_group_has_the_dimension_of_the_models_own_symmetries(key, monkeypat
     """
     from tests.symmetry.test_gpt_neox import _null_dimension, _qk_tangent, _vo_tangent
 
-    module, name = NORMS[key].split(":")
-    forward = _float64_gemma_rms_norm if key.startswith("gemma") else _float64_rms_norm
-    monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", forward)
+    _float64_norms(key, monkeypatch)
     zoo_name, overrides = ARCHITECTURES[key]
     model = randomize_parameters_(create_model(zoo_name, dtype=torch.float64, **overrides, num_key_value_heads=4))
     layer = model_spec(model).blocks[0].attention
