@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from torch.utils.data import DataLoader
 
 from lmc.adapters import model_spec
+from lmc.cli.inputs import data_module
 from lmc.connectivity import training_calibration
 from lmc.io import atomic_write_json, atomic_write_text
 from lmc.matching import AlignOptions, Calibration, align
@@ -61,14 +61,9 @@ SETTINGS = {
 RESAMPLES, TOLD_APART, SPLITS = 1000, 0.975, 200
 
 
-def datamodule(config: Path, batch_size: int | None = None):
-    """The fine-tuning half (``part="B"``) of the DataModule a YAML config describes."""
-    described = yaml.safe_load(config.read_text())
-    module, name = described["class_path"].rsplit(".", 1)
-    arguments = dict(described.get("init_args", {}), part="B")
-    if batch_size is not None:
-        arguments["batch_size"] = batch_size
-    data = getattr(__import__(module, fromlist=[name]), name)(**arguments)
+def datamodule(config: Path):
+    """The fine-tuning half (``part="B"``) of the DataModule a ``configs/data/*.yaml`` file describes."""
+    data = data_module(config, ["--data.init_args.part=B"])
     data.setup("fit")
     return data
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +69,13 @@ def refuse_data_aware_external(options: AlignOptions) -> None:
         )
 
 
-def data_module(path: Path) -> LMCDataModule:
-    """The DataModule of a ``configs/data/*.yaml`` group file."""
+def data_module(path: Path, overrides: Sequence[str] = ()) -> LMCDataModule:
+    """The DataModule of a ``configs/data/*.yaml`` group file, with ``--data.init_args.<name>=<value>`` overrides."""
     from lmc.training.cli import data_parser
 
     parser = data_parser()
     try:
-        return parser.instantiate_classes(parser.parse_args(["--data", str(path)])).data
+        return parser.instantiate_classes(parser.parse_args(["--data", str(path), *overrides])).data
     except Exception as error:  # jsonargparse's ArgumentError and whatever the DataModule raises
         first = " ".join(str(error).split()) or type(error).__name__
         raise ValueError(
