@@ -25,9 +25,7 @@ def _in_the_repository(monkeypatch):
 
 def test_every_family_is_the_papers_six_layers_and_four_heads():
     study = load_study([STUDY])
-    assert [family.name for family in study.families] == [
-        "vit_ape", "vit_rope", "bert_ape", "bert_rope", "gpt2_ape", "llama_rope"
-    ]  # fmt: skip
+    assert [family.name for family in study.families] == ["mnist_vit_ape", "mnist_vit_rope", "gpt2_ape", "llama_rope"]
     assert study.strategies == ["first_attention", "all_attention", "first_block", "full_model"]
     for family in study.families:
         cli = experiment_cli(study.arguments(family, "first_attention"), run=False)
@@ -36,21 +34,21 @@ def test_every_family_is_the_papers_six_layers_and_four_heads():
         protocol = study.protocol(family, "first_attention", cli)
         assert protocol.seeds == (5 if family.table1 else 3)
         assert bool(protocol.head_orders) == family.table1
-    assert [family.name for family in study.families if family.table1] == ["vit_ape", "vit_rope"]
+    assert all(family.table1 for family in study.families)  # Table 1 on every family with a barrier (#18)
 
 
 def test_each_runs_protocol_shares_the_pretrained_model_and_trains_full_model_from_scratch():
     study = dataclasses.replace(load_study([STUDY]), output_dir="runs/x")
-    family = study.families[2]  # not a Table 1 family: every strategy has the same configs
-    cli = experiment_cli(study.arguments(family, "first_block"), run=False)
+    family = study.families[2]
+    cli = experiment_cli(study.arguments(family, "first_block"), run=False)  # without Table 1's protocol
     first, block, full = (
         study.protocol(family, strategy, cli) for strategy in ("first_attention", "first_block", "full_model")
     )
-    assert first.pretrained is None and block.pretrained == "runs/x/bert_ape/first_attention/pretrain/final.ckpt"
-    assert (first.output_dir, first.reinit) == ("runs/x/bert_ape/first_attention", "first_attention")
+    assert first.pretrained is None and block.pretrained == "runs/x/gpt2_ape/first_attention/pretrain/final.ckpt"
+    assert (first.output_dir, first.reinit) == ("runs/x/gpt2_ape/first_attention", "first_attention")
     assert not first.robustness and block.robustness and full.robustness
     # Everything re-initialized: trained as long as the pre-training, at the model's learning rate.
-    assert full.finetune == Schedule(max_epochs=30, lr=cli.config.model.lr) != first.finetune
+    assert full.finetune == Schedule(max_epochs=4, lr=cli.config.model.lr) != first.finetune
     assert study.protocol(family, "first_attention", cli, pretraining=True).alignments is None  # no methods
 
 
@@ -85,8 +83,8 @@ def test_a_run_parses_its_configs_once_and_is_given_its_protocol_as_an_object(mo
     assert {cluster.executor for cluster in clusters} == {"inline"}  # a run's stages stay in its job
     assert not [arg for args in parsed for arg in args if arg.startswith("--protocol.")]
     full = protocols["full_model"]
-    assert full.protocol.finetune.max_epochs == full.protocol.pretrain.max_epochs == 30
-    assert full.config.protocol.finetune.max_epochs == 30  # and the stages' configs record it
+    assert full.protocol.finetune.max_epochs == full.protocol.pretrain.max_epochs == 4
+    assert full.config.protocol.finetune.max_epochs == 4  # and the stages' configs record it
 
 
 def test_the_methods_join_each_runs_own_alignments_on_their_strategies(monkeypatch, tmp_path):
@@ -126,15 +124,20 @@ def test_the_schedule_pretrains_first_then_runs_the_largest_runs_first():
     tasks = schedule(study)
     names = [task.name for task in tasks]
     assert len(set(names)) == len(names) == len(study.families) * (1 + len(study.strategies))
-    assert names[:6] == [f"{family.name}/pretrain" for family in study.families]
-    assert names[6:8] == ["vit_rope/first_attention", "vit_ape/first_attention"]  # Table 1
-    runs = tasks[6:]
-    extras = [(task.strategy in study.methods_strategies) + (task.strategy in study.robustness) for task in runs[2:]]
+    families = len(study.families)
+    assert names[:families] == [f"{family.name}/pretrain" for family in study.families]
+    # The Table 1 runs first (every family's first_attention), the last family listed first.
+    assert names[families : 2 * families] == [f"{family.name}/first_attention" for family in study.families[::-1]]
+    runs = tasks[2 * families :]
+    extras = [(task.strategy in study.methods_strategies) + (task.strategy in study.robustness) for task in runs]
     assert extras == sorted(extras, reverse=True)  # then the runs with more to measure
     assert tasks[-1].strategy == "all_attention"
     # Where the pre-training and its log go: the first strategy's run folder, which every run reads.
-    assert tasks[0].log(study) == Path(study.output_dir) / "vit_ape" / "first_attention" / "log.txt"
-    assert study.pretrained(study.families[0]) == Path(study.output_dir) / "vit_ape/first_attention/pretrain/final.ckpt"
+    assert tasks[0].log(study) == Path(study.output_dir) / "mnist_vit_ape" / "first_attention" / "log.txt"
+    assert (
+        study.pretrained(study.families[0])
+        == Path(study.output_dir) / "mnist_vit_ape/first_attention/pretrain/final.ckpt"
+    )
 
 
 @pytest.mark.parametrize(
@@ -184,9 +187,11 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
     # The quick form's curves use 8 samples of each validation split, and the report says so.
     assert "| `configs/study/vit_rope.yaml` | first_attention, full_model | val, first 8 of 269 samples |" in report
     assert "| `configs/study/llama_rope.yaml` | first_attention, full_model | val, first 8 of 364 samples |" in report
-    # Table 1 of the ViT family; both strategies of both families; robustness of full_model.
+    # Table 1 of both families, over the head orders that keep GQA groups (4! of the ViT's heads; 2! * 2! * 2! of
+    # the Llama's 4 query heads on 2 key/value heads); both strategies of both families; robustness of full_model.
     table1 = report.split("## Table 1")[1].split("## Appendix K")[0]
-    assert "| ViT, digits, RoPE | 1 |" in table1 and "| paper (ViT/BERT, 4 data sets) |" in table1
+    assert "| ViT, digits, RoPE | 1 | 24 |" in table1 and "| Llama, byte LM, RoPE (GQA 4/2) | 1 | 8 |" in table1
+    assert "| paper (ViT/BERT, 4 data sets) | 10 | 24 |" in table1
     strategies = report.split("## The four re-initialization strategies")[1].split("## Robustness")[0]
     for name, title in (("vit_rope", "ViT, digits, RoPE"), ("llama_rope", "Llama, byte LM, RoPE (GQA 4/2)")):
         for strategy in ("first_attention", "full_model"):
