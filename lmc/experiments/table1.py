@@ -319,8 +319,8 @@ def appendix_k_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         "",
         "Each Stage 1 setting of the full method (its metric, and with `objective=data` the activations it "
         "weighs on the calibration batches): the rank of its head order, followed by the full Stage 2, among "
-        "the first layer's head orders (Table 1's `orders`), the same against the evaluation noise, `L_hat`, and the method's aligned loss barrier "
-        "as % of the naive one.",
+        "the first layer's head orders (Table 1's `orders`), the same against the evaluation noise, `L_hat`, "
+        "and the method's aligned loss barrier as % of the naive one.",
         "",
         "| family | metric | rank (loss) | within noise | tied | L_hat loss | loss ratio | rank (acc) | L_hat acc |",
         "|---|---|---|---|---|---|---|---|---|",
