@@ -400,15 +400,25 @@ def run_study(study: Study, jobs: int = 2, cluster: Cluster | None = None) -> di
     ``<output_dir>/times.json``, and records the :func:`machine` in ``<output_dir>/machine.json``.
 
     Raises:
+        ValueError: ``jobs`` below 1, or a cluster whose fits would span several processes.
         JobFailedError: A task failed (named with its log); the tasks after it were not run.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    cluster = cluster or Cluster()
+    if cluster.fit_tasks > 1 or cluster.nodes > 1:
+        # A run job fine-tunes, aligns and sweeps in one process: its fits could not join the ranks.
+        raise ValueError(
+            f"lmc repro runs each strategy's stages in one process of one job, so its fits cannot be DDP fits of "
+            f"{cluster.nodes} node(s) x {cluster.fit_tasks} process(es) (--nodes, --tasks_per_node, "
+            "--gpus_per_job): give each job one process (--gpus_per_job 1 for a GPU each), or run a family's "
+            "experiment with lmc run --cluster.tasks_per_node N for DDP fits"
+        )
     with folder_lock(study.output_dir, "lmc repro"):  # two studies never write one folder at once
         atomic_write_json(Path(study.output_dir) / MACHINE, machine())
         submitted = [_task_job(study, task) for task in schedule(study)]
         folder = Path(study.output_dir) / "jobs"
-        times = run_jobs(submitted, cluster or Cluster(), folder, THREADS, default_max_jobs=jobs)
+        times = run_jobs(submitted, cluster, folder, THREADS, default_max_jobs=jobs)
         atomic_write_json(Path(study.output_dir) / "times.json", times)
     return times
 

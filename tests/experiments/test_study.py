@@ -321,3 +321,33 @@ def test_two_studies_never_share_an_output_folder(tmp_path, monkeypatch):
     study = dataclasses.replace(load_study([STUDY, QUICK]), output_dir=str(tmp_path / "study"))
     with folder_lock(tmp_path / "study", "lmc repro"), pytest.raises(FolderInUseError, match="another lmc repro"):
         run_study(study, jobs=1)
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [{"tasks_per_node": 2}, {"gpus_per_job": 2}, {"nodes": 2}, {"executor": "slurm", "tasks_per_node": 4}],
+)
+def test_a_study_refuses_fits_of_several_processes_before_it_writes_anything(tmp_path, cluster):
+    """A run job's fine-tunes are in its one process: they could not join the ranks such a cluster starts."""
+    from lmc.experiments.jobs import Cluster
+    from lmc.experiments.study import run_study
+
+    study = dataclasses.replace(load_study([STUDY, QUICK]), output_dir=str(tmp_path / "study"))
+    with pytest.raises(ValueError, match="cannot be DDP fits of .* lmc run --cluster.tasks_per_node N"):
+        run_study(study, jobs=1, cluster=Cluster(**cluster))
+    assert not (tmp_path / "study").exists()
+
+
+def test_a_study_gives_each_job_one_gpu(tmp_path, monkeypatch):
+    import lmc.experiments.study
+    from lmc.experiments.jobs import Cluster
+
+    submitted = {}
+    monkeypatch.setattr(
+        lmc.experiments.study,
+        "run_jobs",
+        lambda jobs, cluster, *args, **kwargs: submitted.update(cluster=cluster) or {},
+    )
+    study = dataclasses.replace(load_study([STUDY, QUICK]), output_dir=str(tmp_path / "study"))
+    lmc.experiments.study.run_study(study, jobs=1, cluster=Cluster(executor="slurm", gpus_per_job=1))
+    assert submitted["cluster"].fit_tasks == 1 and submitted["cluster"].gpus_per_job == 1
