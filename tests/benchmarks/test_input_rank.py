@@ -1,21 +1,22 @@
-"""benchmarks/input_rank: a study of the study's ViT recipes at narrower widths, heads unchanged."""
+"""benchmarks/input_rank: a study of the digits ViT recipes at narrower widths, heads unchanged."""
 
 from pathlib import Path
 
 from lmc.adapters import model_spec
 from lmc.experiments.protocol import alignment_labels, experiment_cli
-from lmc.experiments.study import load_study
+from lmc.experiments.study import Family, load_study
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_width_study_changes_only_the_width_of_the_studys_vit_recipes(monkeypatch):
+def test_the_width_study_changes_only_the_width_of_the_digits_vit_recipes(monkeypatch):
     monkeypatch.chdir(ROOT)  # study configs name their files relative to the repository
     study = load_study(["benchmarks/input_rank/study.yaml"])
-    repro = {family.name: family for family in load_study(["configs/study/repro.yaml"]).families}
+    # The ViT experiments of the study on the digits, which the input-span test was run on.
+    digits = {name: Family(name, name, f"configs/study/{name}.yaml").experiment for name in ("vit_ape", "vit_rope")}
     shapes = {}
     for family in study.families:
-        assert family.table1 and family.experiment == repro[family.name.rsplit("_", 1)[0]].experiment
+        assert family.table1 and family.experiment == digits[family.name.rsplit("_", 1)[0]]
         cli = experiment_cli(study.arguments(family, "first_attention"), run=False)
         layers = model_spec(cli.model.model).attention
         shapes[family.name] = {(layer.width, layer.num_heads, layer.head_dim) for layer in layers}
