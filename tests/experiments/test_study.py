@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from lmc.adapters import model_spec
@@ -169,6 +171,132 @@ def test_family_names_must_be_unique():
     family = Family("vit_ape", "ViT", "configs/study/vit_ape.yaml")
     with pytest.raises(ValueError, match="unique"):
         Study(families=[family, family])
+
+
+QUICK_RUNS = "configs/study/quick_runs.yaml"
+
+
+def _overlay(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def _sharing(tmp_path, *extra: Family, **changes) -> Study:
+    """A tiny study of two families of one pre-training: the whole fine-tuning half, and 64 of its samples."""
+    fewer = _overlay(tmp_path, "fewer", "protocol: {finetune: {samples: 64}}\n")
+    families = [
+        Family("whole", "ViT, digits, RoPE", "configs/study/vit_rope.yaml"),
+        Family(
+            "fewer",
+            "ViT, digits, RoPE, 64 samples",
+            "configs/study/vit_rope.yaml",
+            configs=[fewer],
+            pretrained_by="whole",
+        ),
+        *extra,
+    ]
+    settings = dict(strategies=["first_attention"], seeds=2, overlays=[QUICK_RUNS], output_dir=str(tmp_path / "runs"))
+    return Study(families=families, **{**settings, "report": str(tmp_path / "r.md"), **changes})
+
+
+def test_a_family_pretrained_by_another_has_no_pretraining_and_its_runs_start_from_the_others(tmp_path):
+    from lmc.experiments.study import _task_job
+
+    study = _sharing(tmp_path, strategies=["first_attention", "full_model"])
+    whole, fewer = study.families
+    assert (
+        study.pretrained(fewer)
+        == study.pretrained(whole)
+        == tmp_path / "runs/whole/first_attention/pretrain/final.ckpt"
+    )
+    tasks = schedule(study)
+    assert [task.name for task in tasks if task.strategy is None] == ["whole/pretrain"]
+    assert sorted(task.name for task in tasks if task.strategy) == sorted(
+        f"{family}/{strategy}" for family in ("whole", "fewer") for strategy in ("first_attention", "full_model")
+    )
+    for task in tasks:
+        assert _task_job(study, task).after == (() if task.strategy is None else ("whole/pretrain",))
+    for strategy in study.strategies:  # every run of the sharing family, its first strategy's too
+        cli = experiment_cli(study.arguments(fewer, strategy), run=False)
+        assert study.protocol(fewer, strategy, cli).pretrained == str(study.pretrained(whole))
+    first = experiment_cli(study.arguments(whole, "first_attention"), run=False)
+    assert study.protocol(whole, "first_attention", first).pretrained is None
+
+
+@pytest.mark.parametrize(
+    ("families", "message"),
+    [
+        ([("a", None), ("b", "c")], "family b: pretrained_by 'c' is not a family of the study; choose one of a"),
+        ([("a", None), ("b", "b")], "family b names itself in pretrained_by: drop the setting to pre-train it"),
+        (
+            [("a", None), ("b", "a"), ("c", "b")],
+            "family c: pretrained_by 'b' names a family that does not pre-train itself (its pretrained_by is 'a'): "
+            "name 'a' instead",
+        ),
+        (
+            [("a", "b"), ("b", "a")],
+            "family a: pretrained_by 'b' names a family that does not pre-train itself (its pretrained_by is 'a'): "
+            "one of the two must pre-train: drop its pretrained_by",
+        ),
+    ],
+)
+def test_a_pretrained_by_that_names_no_pretraining_family_is_refused(families, message):
+    made = [Family(name, name, "configs/study/vit_rope.yaml", pretrained_by=by) for name, by in families]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Study(families=made, strategies=["first_attention"])
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["protocol: {pretrain: {lr: 0.01}}", "model: {model_config: {width: 32}}", "data: {init_args: {seed: 3}}"],
+)
+def test_a_family_whose_pretraining_differs_from_the_one_it_reuses_is_refused_naming_both(tmp_path, change):
+    other = Family(
+        "other",
+        "other",
+        "configs/study/vit_rope.yaml",
+        configs=[_overlay(tmp_path, "o", change)],
+        pretrained_by="whole",
+    )
+    message = (
+        "family other reuses the pre-trained model of whole, whose pre-training is another than its own (model, data, "
+        "trainer or protocol.pretrain differ): make the two pre-train alike, or drop pretrained_by to pre-train other"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _sharing(tmp_path, other)
+    _sharing(tmp_path)  # a fine-tuning of another size shares the pre-training
+
+
+def test_a_shared_pretraining_is_trained_once_and_every_fine_tune_starts_from_it(tmp_path):
+    from lmc.adapters import scope_parameters
+    from lmc.checkpoints import read_state_dict
+    from lmc.experiments.jobs import Cluster
+    from lmc.experiments.study import run_study
+    from lmc.training.cli import instantiate_data
+    from lmc.training.module import load_trained
+
+    study = _sharing(tmp_path)
+    run_study(study, jobs=1, cluster=Cluster(executor="inline"))
+    runs = tmp_path / "runs"
+    trained = [path.relative_to(runs) for path in runs.rglob("pretrain/final.ckpt")]
+    assert trained == [Path("whole/first_attention/pretrain/final.ckpt")]  # and no pretrain folder of fewer
+    assert not list((runs / "fewer").rglob("pretrain")) and (runs / "fewer" / "first_attention" / "seed1").is_dir()
+    pretrained = read_state_dict(study.pretrained(study.families[0]))
+    for family in study.families:
+        experiment = study.experiment(family, "first_attention")
+        stages = experiment.finetune_stages()
+        whole = len(instantiate_data(experiment.config).split("train"))  # the training split, part all
+        samples = {"whole": whole - whole // 2, "fewer": 64}[family.name]  # half B, or 64 of its samples
+        for stage in stages:
+            module, _ = load_trained(stage.checkpoint(experiment.root))
+            reinitialized = set(scope_parameters(module.model, "first_attention"))
+            tuned = read_state_dict(stage.checkpoint(experiment.root))
+            frozen = [name for name in tuned if name not in reinitialized]
+            assert frozen and all(torch.equal(tuned[name], pretrained[name]) for name in frozen), family.name
+            assert any(not torch.equal(tuned[name], pretrained[name]) for name in tuned if name not in frozen)
+            assert len(instantiate_data(stage.config).split("train")) == samples, family.name
+        assert (runs / family.name / "first_attention" / "summary.json").is_file()
 
 
 @pytest.mark.slow
