@@ -17,7 +17,7 @@ CONFIGS = Path(__file__).parents[1] / "configs"
 #: One group each (``--model FILE``, or ``model: ../model/FILE`` in an experiment).
 GROUP_FILES = ("model", "data", "trainer")
 #: Fragments of whole configs (``--config FILE``).
-FRAGMENTS = ("callbacks", "reinit", "protocol", "cluster", "experiment", "debug")
+FRAGMENTS = ("callbacks", "reinit", "protocol", "cluster", "experiment", "debug", "sensitivity")
 #: ``lmc repro``'s studies (``study:`` files) and the experiments and overlays they run.
 STUDY = "study"
 ALL = sorted(CONFIGS.rglob("*.yaml"))

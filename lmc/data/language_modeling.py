@@ -63,6 +63,8 @@ class ByteLanguageModelling(LMCDataModule):
     Args:
         root: Data directory; default ``$LMC_DATA/<name>`` or ``~/.cache/lmc/<name>``.
         sequence_length: Tokens (bytes) per window.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -82,8 +84,9 @@ class ByteLanguageModelling(LMCDataModule):
         seed: int = 0,
         root: str | None = None,
         sequence_length: int = 256,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed)
+        super().__init__(batch_size, num_workers, part, seed, train_samples)
         self.root, self.sequence_length = root, sequence_length
 
     @property
@@ -111,6 +114,8 @@ class WikiText103(ByteLanguageModelling):
     Args:
         root: Data directory; default ``$LMC_DATA/wikitext103`` or ``~/.cache/lmc/wikitext103``
             (then any copy in the local HF hub cache).
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`ByteLanguageModelling`.
     """
 
@@ -152,6 +157,8 @@ class Enwik8(ByteLanguageModelling):
     Args:
         root: Data directory holding the file ``enwik8`` (or the file itself); default
             ``$LMC_DATA/enwik8`` or ``~/.cache/lmc/enwik8``.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`ByteLanguageModelling`.
     """
 
@@ -186,6 +193,8 @@ class OneBillionWord(ByteLanguageModelling):
         train_shards: Read only the first this many training shards (``None``: all).
         val_fraction: Share of the training bytes held out for validation (the default, 0.02 %,
             is ~0.8 MB, about the size of the test shard).
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`ByteLanguageModelling`.
     """
 
@@ -208,8 +217,9 @@ class OneBillionWord(ByteLanguageModelling):
         sequence_length: int = 256,
         train_shards: int | None = None,
         val_fraction: float = 0.0002,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed, root, sequence_length)
+        super().__init__(batch_size, num_workers, part, seed, root, sequence_length, train_samples)
         if train_shards is not None and train_shards < 1:
             raise ValueError(f"train_shards must be positive or None, got {train_shards}")
         if not 0 < val_fraction < 1:

@@ -110,6 +110,8 @@ class ByteTextClassification(LMCDataModule):
             copy in the local HF hub cache).
         sequence_length: Bytes per text (longer texts are cut, shorter ones padded).
         val_fraction: Share of the training texts held out for validation.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -137,8 +139,9 @@ class ByteTextClassification(LMCDataModule):
         root: str | None = None,
         sequence_length: int = 128,
         val_fraction: float = 0.05,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed)
+        super().__init__(batch_size, num_workers, part, seed, train_samples)
         self.root, self.sequence_length, self.val_fraction = root, sequence_length, val_fraction
 
     @property
@@ -219,6 +222,8 @@ class AGNews(_ZhangCSV):
 
     Args:
         root: Data directory; default ``$LMC_DATA/ag_news`` or ``~/.cache/lmc/ag_news``.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`ByteTextClassification`.
     """
 
@@ -243,6 +248,8 @@ class DBPedia(_ZhangCSV):
 
     Args:
         root: Data directory; default ``$LMC_DATA/dbpedia`` or ``~/.cache/lmc/dbpedia``.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`ByteTextClassification`.
     """
 
@@ -268,6 +275,8 @@ class IMDB(ByteTextClassification):
 
     Args:
         root: Data directory; default ``$LMC_DATA/imdb`` or ``~/.cache/lmc/imdb``.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`ByteTextClassification`.
     """
 

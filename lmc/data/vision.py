@@ -198,8 +198,9 @@ class _SmallImageSet(_ImageSet):
         seed: int = 0,
         root: str | None = None,
         val_fraction: float = 0.1,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed)
+        super().__init__(batch_size, num_workers, part, seed, train_samples)
         self.root, self.val_fraction = root, val_fraction
 
     def read_split(self, root: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,6 +226,8 @@ class MNIST(_SmallImageSet):
     Args:
         root: Data directory; default ``$LMC_DATA/mnist`` or ``~/.cache/lmc/mnist``.
         val_fraction: Share of the training images held out for validation.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -273,6 +276,8 @@ class CIFAR10(_SmallImageSet):
         root: Data directory (holding ``cifar-10-batches-py``, or that folder itself); default
             ``$LMC_DATA/cifar10`` or ``~/.cache/lmc/cifar10``.
         val_fraction: Share of the training images held out for validation.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -320,6 +325,8 @@ class CIFAR100(CIFAR10):
         root: Data directory (holding ``cifar-100-python``, or that folder itself); default
             ``$LMC_DATA/cifar100`` or ``~/.cache/lmc/cifar100``.
         val_fraction: Share of the training images held out for validation.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -348,6 +355,8 @@ class ImageNet(_ImageSet):
         root: Data directory; default ``$LMC_DATA/imagenet`` or ``~/.cache/lmc/imagenet``.
         image_size: Side of the square crop.
         val_fraction: Share of the training images held out for validation.
+        train_samples: Train on only this many samples of the part's training split (``None``: all of
+            them); see :class:`~lmc.data.base.LMCDataModule`.
         (others): See :class:`~lmc.data.base.LMCDataModule`.
     """
 
@@ -371,8 +380,9 @@ class ImageNet(_ImageSet):
         root: str | None = None,
         image_size: int = 224,
         val_fraction: float = 0.01,
+        train_samples: int | None = None,
     ):
-        super().__init__(batch_size, num_workers, part, seed)
+        super().__init__(batch_size, num_workers, part, seed, train_samples)
         self.root, self.image_size, self.val_fraction = root, image_size, val_fraction
 
     def build(self) -> None:

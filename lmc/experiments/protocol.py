@@ -21,19 +21,25 @@ class RunError(ValueError):
 
 @dataclass(frozen=True)
 class Schedule:
-    """Length and learning rate of one training phase.
+    """Length, learning rate and training data of one training phase.
 
     Attributes:
         max_epochs: Epochs of this phase (``None``: the experiment's ``trainer.max_epochs``).
         lr: AdamW learning rate of this phase (``None``: the experiment's ``model.lr``).
+        samples: Train on only this many samples of the phase's half of the training split (the
+            DataModule's ``train_samples``: a seeded subset, a smaller one inside a larger one;
+            ``None``: the experiment's data as it is).
     """
 
     max_epochs: int | None = None
     lr: float | None = None
+    samples: int | None = None
 
     def __post_init__(self):
         if self.max_epochs is not None and self.max_epochs < 1:
             raise ValueError(f"max_epochs must be at least 1, got {self.max_epochs}")
+        if self.samples is not None and self.samples < 1:
+            raise ValueError(f"samples must be at least 1 (None: the whole half), got {self.samples}")
         if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr}")
 
@@ -47,8 +53,8 @@ class Protocol:
         reinit: The re-initialization strategy of the fine-tuning runs.
         seeds: Fine-tuned seeds (``0 .. seeds - 1``); every pair of them is aligned and swept.
         pretrained: A pre-trained checkpoint to start from instead of pre-training.
-        pretrain: Schedule of the pre-training on half A.
-        finetune: Schedule of each fine-tuning run on half B.
+        pretrain: Schedule of the pre-training on half A (its length, learning rate, samples).
+        finetune: Schedule of each fine-tuning run on half B (its length, learning rate, samples).
         alignments: Alignment settings to compare, each giving one aligned curve per pair
             (``None``: the default :class:`~lmc.matching.AlignOptions`, the full method).
             Data-aware settings calibrate on the first ``calibration_batches`` batches of a

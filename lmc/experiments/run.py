@@ -48,6 +48,7 @@ from lmc.connectivity import (
     ResultsOutput,
     SweepHooks,
     data_identity,
+    keyed_data_settings,
     sweep_and_write,
     training_calibration,
 )
@@ -132,6 +133,14 @@ class Experiment:
             config["trainer.max_epochs"] = schedule.max_epochs
         if schedule.lr is not None:
             config["model.lr"] = schedule.lr
+        if schedule.samples is not None:
+            if "train_samples" not in config.data.init_args:
+                phase = "pretrain" if name == "pretrain" else "finetune"
+                raise RunError(
+                    f"protocol.{phase}.samples needs a DataModule that takes train_samples, which "
+                    f"{config.data.class_path} does not: add train_samples to its __init__ and pass it to LMCDataModule"
+                )
+            config["data.init_args.train_samples"] = schedule.samples
         config["trainer.logger"] = {
             "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
             "init_args": {"save_dir": str(self.root / "tensorboard"), "name": name, "version": ""},
@@ -145,7 +154,10 @@ class Experiment:
 
     def _key_of(self, config, upstream: str) -> str:
         trainer = {k: v for k, v in config.trainer.as_dict().items() if k not in _COSMETIC}
-        return _key(config.model.as_dict(), config.data.as_dict(), trainer, config.seed_everything, upstream)
+        data = config.data.as_dict()
+        if "init_args" in data:
+            data["init_args"] = keyed_data_settings(data["init_args"])
+        return _key(config.model.as_dict(), data, trainer, config.seed_everything, upstream)
 
     def pretrain_stage(self) -> _Stage:
         config = self._stage_config(

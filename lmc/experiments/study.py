@@ -2,9 +2,10 @@
 
 A study (``configs/study/repro.yaml``) lists model families, each an ``lmc run`` experiment
 config, and the re-initialization strategies to run on each. Per family it pre-trains once
-(in the first strategy's run), then runs every strategy with its fine-tuned seeds from that
-pre-trained checkpoint; the first-attention runs of the Table 1 families also score every head
-order and the variants of the matcher (``configs/protocol/table1.yaml``). Each run is an
+(in the first strategy's run; a family with ``pretrained_by`` reuses another's), then runs every
+strategy with its fine-tuned seeds from that pre-trained checkpoint; the first-attention runs of
+the Table 1 families also score every head order and the variants of the matcher
+(``configs/protocol/table1.yaml``). Each run is an
 :class:`~lmc.experiments.run.Experiment`, so the study resumes after a kill like ``lmc run`` does.
 :mod:`lmc.experiments.study_report` then turns the run folders into ``docs/results.md``.
 
@@ -20,6 +21,7 @@ import contextlib
 import copy
 import dataclasses
 import io
+import math
 import os
 import sys
 import time
@@ -56,6 +58,9 @@ class Family:
         experiment: Its ``lmc run`` experiment config (model, data, trainer, schedules).
         table1: Also score every head order and matcher variant under ``first_attention``.
         configs: Configs added after ``experiment`` (a variant of it, e.g. another width).
+        pretrained_by: Another family of the study whose pre-trained model this one starts from
+            instead of pre-training its own (a sweep's points that differ only in fine-tuning);
+            its pre-training must be this family's own (the same stage key).
     """
 
     name: str
@@ -63,6 +68,7 @@ class Family:
     experiment: str
     table1: bool = False
     configs: list[str] = field(default_factory=list)
+    pretrained_by: str | None = None
 
     def __post_init__(self) -> None:  # configs/... paths are also read from lmc's packaged configs
         object.__setattr__(self, "experiment", str(_study_config(self.experiment)))
@@ -118,6 +124,67 @@ class Study:
         object.__setattr__(self, "overlays", [str(_study_config(path)) for path in self.overlays])
         if self.table1 is not None:
             object.__setattr__(self, "table1", str(_study_config(self.table1)))
+        self._check_pretrained_by()
+
+    def family(self, name: str) -> Family:
+        """The family of this name."""
+        return next(family for family in self.families if family.name == name)
+
+    def pretraining_family(self, family: Family) -> Family:
+        """The family whose pre-training ``family`` starts from: the one it names in ``pretrained_by``, else itself."""
+        return self.family(family.pretrained_by) if family.pretrained_by is not None else family
+
+    def _check_pretrained_by(self) -> None:
+        """Refuse a ``pretrained_by`` that names no family of the study, one that does not pre-train
+        itself, or one whose pre-training is another than the family's own (compared by stage key)."""
+        names = [family.name for family in self.families]
+        for family in self.families:
+            source = family.pretrained_by
+            if source is None:
+                continue
+            if source == family.name:
+                raise ValueError(
+                    f"family {family.name} names itself in pretrained_by: drop the setting to pre-train it"
+                )
+            if source not in names:
+                raise ValueError(
+                    f"family {family.name}: pretrained_by {source!r} is not a family of the study; choose one of "
+                    f"{', '.join(name for name in names if name != family.name)}"
+                )
+            named = self.family(source)
+            if named.pretrained_by is not None:
+                fix = (
+                    "one of the two must pre-train: drop its pretrained_by"
+                    if named.pretrained_by == family.name
+                    else f"name {named.pretrained_by!r} instead"
+                )
+                raise ValueError(
+                    f"family {family.name}: pretrained_by {source!r} names a family that does not pre-train itself "
+                    f"(its pretrained_by is {named.pretrained_by!r}): {fix}"
+                )
+        keys: dict[str, str | None] = {}  # a family named by several is parsed once
+        for family in self.families:
+            if family.pretrained_by is not None:
+                for name in (family.name, family.pretrained_by):
+                    if name not in keys:
+                        keys[name] = self._pretraining_key(self.family(name))
+                own, shared = keys[family.name], keys[family.pretrained_by]
+                if None not in (own, shared) and own != shared:
+                    raise ValueError(
+                        f"family {family.name} reuses the pre-trained model of {family.pretrained_by}, whose "
+                        f"pre-training is another than its own (model, data, trainer or protocol.pretrain differ): "
+                        f"make the two pre-train alike, or drop pretrained_by to pre-train {family.name}"
+                    )
+
+    def _pretraining_key(self, family: Family) -> str | None:
+        """The key of the pre-training stage the family's own configs make (``None`` when they do not
+        parse: the family's first job reports that, with its log)."""
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                experiment = self.experiment(family, self.strategies[0], pretraining=True)
+        except SystemExit:
+            return None
+        return experiment.pretrain_stage().key
 
     @property
     def method_labels(self) -> list[str]:
@@ -125,8 +192,10 @@ class Study:
         return ["full", *(label for label in alignment_labels(self.methods) if label != "full")]
 
     def pretrained(self, family: Family) -> Path:
-        """A family's pre-trained checkpoint, in its first strategy's run folder."""
-        return Path(self.output_dir) / family.name / self.strategies[0] / "pretrain" / "final.ckpt"
+        """A family's pre-trained checkpoint, in its first strategy's run folder (of the family it names
+        in ``pretrained_by``, if any)."""
+        source = self.pretraining_family(family)
+        return Path(self.output_dir) / source.name / self.strategies[0] / "pretrain" / "final.ckpt"
 
     def table1_run(self, family: Family, strategy: Scope) -> bool:
         """Whether the run of ``strategy`` on ``family`` also scores Table 1 (head orders, matcher variants)."""
@@ -143,7 +212,8 @@ class Study:
         """The :class:`~lmc.experiments.protocol.Protocol` of one strategy's run of a family.
 
         The configs' own protocol with the study's settings: the run folder, the strategy, the seeds,
-        the family's pre-trained checkpoint (every strategy after the first), the robustness table,
+        the family's pre-trained checkpoint (every strategy after the first; every strategy of a
+        family that names another in ``pretrained_by``), the robustness table,
         a ``full_model`` fine-tuning as long as the pre-training, and the study's ``methods``.
 
         Args:
@@ -159,7 +229,7 @@ class Study:
             "reinit": strategy,
             "seeds": self.table1_seeds if self.table1_run(family, strategy) else self.seeds,
         }
-        if strategy != self.strategies[0]:
+        if strategy != self.strategies[0] or family.pretrained_by is not None:
             changes["pretrained"] = str(self.pretrained(family))
         if strategy in self.robustness:
             changes["robustness"] = True
@@ -227,7 +297,8 @@ def first_layer_inputs(experiment: Experiment, batches: int = 8) -> dict[str, An
     A weight-space cost counts every direction of ``W_Q, W_K, W_V``, but the function only
     depends on their action on the inputs the layer receives: with inputs confined to a subspace,
     the rest of the weights is the untouched initialization and weighs on the matcher without
-    bearing on the barrier. Measured on ``batches`` training batches of the fine-tuning half.
+    bearing on the barrier. Measured on ``batches`` training batches of the fine-tuning half (all
+    of them where it holds fewer: a run fine-tuned on a few samples).
 
     Args:
         experiment: The finished run (its folder holds ``seed0/final.ckpt``).
@@ -254,7 +325,8 @@ def first_layer_inputs(experiment: Experiment, batches: int = 8) -> dict[str, An
     twin = copy.deepcopy(model)  # paired moments read two models; both are this one
     adapter = adapter_for(model)
     watched = {"input": (adapter.attention_input_module(model, layer), adapter.attention_input_module(twin, layer))}
-    calibration = training_calibration(datamodule, module.model_loss, batches)
+    held = math.ceil(len(datamodule.split("train")) / datamodule.batch_size)
+    calibration = training_calibration(datamodule, module.model_loss, min(batches, held))
     moment = paired_moments(model, twin, watched, calibration)["input"]
     values, vectors = torch.linalg.eigh(moment.source)
     span = vectors[:, values > 1e-10 * values[-1]]
@@ -288,7 +360,8 @@ def schedule(study: Study) -> list[Job]:
     Runs are ordered by their expected size (Table 1 runs, then runs with extra alignments or the
     robustness table, then the rest, each group from the last family listed to the first), so
     the small runs fill the end and the workers finish together; a run waits for its family's
-    pre-training. The order changes only the wall time, never a number.
+    pre-training (a family with ``pretrained_by`` has none: its runs wait for the named one's).
+    The order changes only the wall time, never a number.
     """
 
     def size(task: Job) -> tuple[int, int, int]:
@@ -297,7 +370,8 @@ def schedule(study: Study) -> list[Job]:
         return table1, extra, study.families.index(task.family)
 
     runs = [Job(family, strategy) for family in study.families for strategy in study.strategies]
-    return [Job(family) for family in study.families] + sorted(runs, key=size, reverse=True)
+    pretrainings = [Job(family) for family in study.families if family.pretrained_by is None]
+    return pretrainings + sorted(runs, key=size, reverse=True)
 
 
 def _run_logged(study: Study, task: Job) -> float:
@@ -377,7 +451,7 @@ def finished(study: Study, task: Job) -> bool:
 
 
 def _task_job(study: Study, task: Job) -> SubmittedJob:
-    after = () if task.strategy is None else (Job(task.family).name,)
+    after = () if task.strategy is None else (Job(study.pretraining_family(task.family)).name,)
     call = _StudyTask(study, task)
     return SubmittedJob(task.name, call, after, finished(study, task), fit=task.strategy is None, log=task.log(study))
 

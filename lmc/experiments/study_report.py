@@ -219,7 +219,8 @@ def _first_layer_inputs(study, summaries) -> list[str]:
         "## Where lmc's numbers differ from the paper's, and why",
         "",
         "Measured, not tuned: the first attention layer's inputs in seed 0 of each family "
-        "(`lmc.experiments.study.first_layer_inputs`; 8 training batches of the fine-tuning half). `rank` is the "
+        "(`lmc.experiments.study.first_layer_inputs`; 8 training batches of the fine-tuning half, all of it where it "
+        "holds fewer). `rank` is the "
         "dimension of the span of its inputs (eigenvalues of `E[x x^T]` above 1e-10 of the largest, "
         "float64); `visible` is the share of each projection's squared norm on that span. The "
         "function depends only on the visible part; the rest is the re-initialization's random draw, "

@@ -240,7 +240,15 @@ def ties(stats: dict[str, Any]) -> str:
 
 
 def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
-    """The report's Table 1 of the ``(family, summary)`` of each finished Table 1 run (``docs/results.md``)."""
+    """The report's Table 1 of the ``(family, summary)`` of each finished Table 1 run (``docs/results.md``).
+
+    A variant no run aligned with (a protocol that lists fewer) has no column.
+    """
+    variants = {
+        label: title
+        for label, title in VARIANTS.items()
+        if not runs or any(label in summary["alignments"] for _, summary in runs)
+    }
     lines = [
         "## Table 1: Stage 1's head order and the matcher's variants (first attention layer)",
         "",
@@ -253,33 +261,33 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         "told apart from.",
         "",
         "| family | pairs | orders | rank (loss) | within noise | tied | L_hat loss | rank (acc) | L_hat acc | "
-        + " | ".join(VARIANTS.values())
+        + " | ".join(variants.values())
         + " |",
-        "|---|---|---|---|---|---|---|---|---|" + "---|" * len(VARIANTS),
+        "|---|---|---|---|---|---|---|---|---|" + "---|" * len(variants),
     ]
-    accuracy = ["", "| family | " + " | ".join(f"{v}, accuracy" for v in VARIANTS.values()) + " |"]
-    accuracy.append("|---|" + "---|" * len(VARIANTS))
+    accuracy = ["", "| family | " + " | ".join(f"{v}, accuracy" for v in variants.values()) + " |"]
+    accuracy.append("|---|" + "---|" * len(variants))
     for family, summary in runs:
         orders = summary["head_orders"]["alignments"].get("full", {})
         loss, acc = orders.get("loss_barrier", {}), orders.get("accuracy_barrier", {})
-        ratios = {label: summary["alignments"].get(label, {}).get("barrier_ratio", {}) for label in VARIANTS}
+        ratios = {label: summary["alignments"].get(label, {}).get("barrier_ratio", {}) for label in variants}
         pairs = len(summary["pairs"])
         lines.append(
             f"| {family.title} | {pairs} | {summary['head_orders']['orders']} | {cell(loss.get('rank'), of=pairs)} "
             f"| {cell(loss.get('rank_within_noise'), of=pairs)} | {ties(loss) if loss else 'n/a'} "
             f"| {cell(loss.get('l_hat'), of=pairs)} | {cell(acc.get('rank'), of=pairs)} "
             f"| {cell(acc.get('l_hat'), of=pairs)} | "
-            + " | ".join(cell(ratios[label].get("loss_barrier"), unit=" %", of=pairs) for label in VARIANTS)
+            + " | ".join(cell(ratios[label].get("loss_barrier"), unit=" %", of=pairs) for label in variants)
             + " |"
         )
         accuracy.append(
             f"| {family.title} | "
-            + " | ".join(cell(ratios[label].get("accuracy_barrier"), unit=" %", of=pairs) for label in VARIANTS)
+            + " | ".join(cell(ratios[label].get("accuracy_barrier"), unit=" %", of=pairs) for label in variants)
             + " |"
         )
     lines.append(
         "| paper (ViT/BERT, 4 data sets) | 10 | 24 | low | n/a | n/a | near 0 | low | near 0 | "
-        + " | ".join(PAPER_TABLE1.values())
+        + " | ".join(PAPER_TABLE1[label] for label in variants)
         + " |"
     )
     return lines + accuracy + ["", *refinement_lines(runs)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -21,13 +22,15 @@ import lmc.experiments.table1
 from lmc.cli import main
 from lmc.connectivity import BARRIERS, barrier_ratios
 from lmc.connectivity.interpolation import SweepStore, barriers, evenly_spaced
+from lmc.data import Digits
 from lmc.experiments.jobs import run_jobs
-from lmc.experiments.protocol import Protocol, alignment_labels, experiment_cli
+from lmc.experiments.protocol import Protocol, Schedule, alignment_labels, experiment_cli
 from lmc.experiments.run import Experiment
 from lmc.experiments.spread import cell, spread
 from lmc.experiments.summary import summarize, summary_table
 from lmc.experiments.table1 import rank_and_l_hat
 from lmc.matching import AlignOptions
+from lmc.training.cli import instantiate_data
 from tests.path_objective import check_learned_not_above_full, cross_entropy, record_alignments
 
 
@@ -239,6 +242,61 @@ def test_a_changed_config_never_reuses_a_stage(finished, tmp_path, capsys):
         main(["run", "--config", changed])
     error = capsys.readouterr().err
     assert "seed0" in error and "another configuration" in error and "--protocol.overwrite" in error
+
+
+class DigitsOfItsOwn(Digits):
+    """A DataModule with a constructor of its own that takes no ``train_samples`` (as a user's may)."""
+
+    def __init__(self, batch_size: int = 32):
+        super().__init__(batch_size=batch_size)
+
+
+def test_a_phase_of_fewer_samples_is_another_stage_that_trains_on_that_many(tmp_path):
+    def experiment(config: str) -> Experiment:
+        return Experiment(experiment_cli(["--config", config], run=False))
+
+    whole = experiment(_config(tmp_path))
+    fewer = experiment(_config(tmp_path, finetune={"samples": 100}))
+    pretraining = whole.pretrain_stage()
+    assert fewer.pretrain_stage().key == pretraining.key  # a fine-tuning's size leaves the pre-training alone
+    runs = {"whole": whole, "fewer": fewer}
+    seed0 = {name: run.finetune_stage(0, tmp_path / "p.ckpt", pretraining.key) for name, run in runs.items()}
+    assert seed0["fewer"].key != seed0["whole"].key
+    half_b = instantiate_data(seed0["whole"].config)
+    drawn = instantiate_data(seed0["fewer"].config)  # the data the fine-tuning fits and is calibrated on
+    assert (drawn.part, len(drawn.split("train"))) == ("B", 100)
+    assert len(half_b.split("train")) == len(Digits(part="B").split("train"))
+    assert set(drawn.train_set.indices) < set(half_b.train_set.indices)
+    assert len(drawn.split("val")) == len(half_b.split("val"))  # the curves' data is the same
+    # The pre-training's size: half A's samples.
+    smaller = experiment(_config(tmp_path, pretrain={"samples": 50})).pretrain_stage()
+    assert smaller.key != pretraining.key
+    assert (instantiate_data(smaller.config).part, len(instantiate_data(smaller.config).split("train"))) == ("A", 50)
+    # Without samples a stage keeps the key it had before train_samples existed (its finished runs stay valid).
+    config = seed0["whole"].config.clone()
+    config["model.pretrained"] = None  # the upstream key stands for the checkpoint
+    data = config.data.as_dict()
+    assert data["init_args"].pop("train_samples") is None
+    trainer = {k: v for k, v in config.trainer.as_dict().items() if k not in lmc.experiments.run._COSMETIC}
+    parts = (config.model.as_dict(), trainer, config.seed_everything, pretraining.key)
+    assert seed0["whole"].key == lmc.experiments.run._key(parts[0], data, *parts[1:])
+
+
+def test_samples_of_a_data_module_without_train_samples_are_refused_with_the_fix(tmp_path):
+    path = Path(_config(tmp_path, finetune={"samples": 100}))
+    config = yaml.safe_load(path.read_text())
+    config["data"] = {"class_path": f"{__name__}.DigitsOfItsOwn", "init_args": {"batch_size": 32}}
+    path.write_text(yaml.safe_dump(config))
+    experiment = Experiment(experiment_cli(["--config", str(path)], run=False))
+    experiment.pretrain_stage()  # the pre-training has no samples setting
+    message = (
+        f"protocol.finetune.samples needs a DataModule that takes train_samples, which {__name__}.DigitsOfItsOwn "
+        "does not: add train_samples to its __init__ and pass it to LMCDataModule"
+    )
+    with pytest.raises(lmc.experiments.run.RunError, match=re.escape(message)):
+        experiment.finetune_stage(0, tmp_path / "p.ckpt", "")
+    with pytest.raises(ValueError, match=re.escape("samples must be at least 1 (None: the whole half), got 0")):
+        Schedule(samples=0)
 
 
 def test_protocol_values_are_checked_while_parsing(tmp_path, capsys):

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from lmc.adapters import model_spec
 from lmc.cli import main
-from lmc.experiments.protocol import Schedule, experiment_cli
+from lmc.experiments.protocol import Schedule, alignment_labels, experiment_cli
 from lmc.experiments.study import Family, Study, load_study, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,6 +174,213 @@ def test_family_names_must_be_unique():
     family = Family("vit_ape", "ViT", "configs/study/vit_ape.yaml")
     with pytest.raises(ValueError, match="unique"):
         Study(families=[family, family])
+
+
+QUICK_RUNS = "configs/study/quick_runs.yaml"
+
+
+def _overlay(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def _sharing(tmp_path, *extra: Family, **changes) -> Study:
+    """A tiny study of two families of one pre-training: the whole fine-tuning half, and 64 of its samples."""
+    fewer = _overlay(tmp_path, "fewer", "protocol: {finetune: {samples: 64}}\n")
+    families = [
+        Family("whole", "ViT, digits, RoPE", "configs/study/vit_rope.yaml"),
+        Family(
+            "fewer",
+            "ViT, digits, RoPE, 64 samples",
+            "configs/study/vit_rope.yaml",
+            configs=[fewer],
+            pretrained_by="whole",
+        ),
+        *extra,
+    ]
+    settings = dict(strategies=["first_attention"], seeds=2, overlays=[QUICK_RUNS], output_dir=str(tmp_path / "runs"))
+    return Study(families=families, **{**settings, "report": str(tmp_path / "r.md"), **changes})
+
+
+def test_a_family_pretrained_by_another_has_no_pretraining_and_its_runs_start_from_the_others(tmp_path):
+    from lmc.experiments.study import _task_job
+
+    study = _sharing(tmp_path, strategies=["first_attention", "full_model"])
+    whole, fewer = study.families
+    assert (
+        study.pretrained(fewer)
+        == study.pretrained(whole)
+        == tmp_path / "runs/whole/first_attention/pretrain/final.ckpt"
+    )
+    tasks = schedule(study)
+    assert [task.name for task in tasks if task.strategy is None] == ["whole/pretrain"]
+    assert sorted(task.name for task in tasks if task.strategy) == sorted(
+        f"{family}/{strategy}" for family in ("whole", "fewer") for strategy in ("first_attention", "full_model")
+    )
+    for task in tasks:
+        assert _task_job(study, task).after == (() if task.strategy is None else ("whole/pretrain",))
+    for strategy in study.strategies:  # every run of the sharing family, its first strategy's too
+        cli = experiment_cli(study.arguments(fewer, strategy), run=False)
+        assert study.protocol(fewer, strategy, cli).pretrained == str(study.pretrained(whole))
+    first = experiment_cli(study.arguments(whole, "first_attention"), run=False)
+    assert study.protocol(whole, "first_attention", first).pretrained is None
+
+
+@pytest.mark.parametrize(
+    ("families", "message"),
+    [
+        ([("a", None), ("b", "c")], "family b: pretrained_by 'c' is not a family of the study; choose one of a"),
+        ([("a", None), ("b", "b")], "family b names itself in pretrained_by: drop the setting to pre-train it"),
+        (
+            [("a", None), ("b", "a"), ("c", "b")],
+            "family c: pretrained_by 'b' names a family that does not pre-train itself (its pretrained_by is 'a'): "
+            "name 'a' instead",
+        ),
+        (
+            [("a", "b"), ("b", "a")],
+            "family a: pretrained_by 'b' names a family that does not pre-train itself (its pretrained_by is 'a'): "
+            "one of the two must pre-train: drop its pretrained_by",
+        ),
+    ],
+)
+def test_a_pretrained_by_that_names_no_pretraining_family_is_refused(families, message):
+    made = [Family(name, name, "configs/study/vit_rope.yaml", pretrained_by=by) for name, by in families]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Study(families=made, strategies=["first_attention"])
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["protocol: {pretrain: {lr: 0.01}}", "model: {model_config: {width: 32}}", "data: {init_args: {seed: 3}}"],
+)
+def test_a_family_whose_pretraining_differs_from_the_one_it_reuses_is_refused_naming_both(tmp_path, change):
+    other = Family(
+        "other",
+        "other",
+        "configs/study/vit_rope.yaml",
+        configs=[_overlay(tmp_path, "o", change)],
+        pretrained_by="whole",
+    )
+    message = (
+        "family other reuses the pre-trained model of whole, whose pre-training is another than its own (model, data, "
+        "trainer or protocol.pretrain differ): make the two pre-train alike, or drop pretrained_by to pre-train other"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _sharing(tmp_path, other)
+    _sharing(tmp_path)  # a fine-tuning of another size shares the pre-training
+
+
+def test_a_shared_pretraining_is_trained_once_and_every_fine_tune_starts_from_it(tmp_path):
+    from lmc.adapters import scope_parameters
+    from lmc.checkpoints import read_state_dict
+    from lmc.experiments.jobs import Cluster
+    from lmc.experiments.study import run_study
+    from lmc.training.cli import instantiate_data
+    from lmc.training.module import load_trained
+
+    study = _sharing(tmp_path)
+    run_study(study, jobs=1, cluster=Cluster(executor="inline"))
+    runs = tmp_path / "runs"
+    trained = [path.relative_to(runs) for path in runs.rglob("pretrain/final.ckpt")]
+    assert trained == [Path("whole/first_attention/pretrain/final.ckpt")]  # and no pretrain folder of fewer
+    assert not list((runs / "fewer").rglob("pretrain")) and (runs / "fewer" / "first_attention" / "seed1").is_dir()
+    pretrained = read_state_dict(study.pretrained(study.families[0]))
+    for family in study.families:
+        experiment = study.experiment(family, "first_attention")
+        stages = experiment.finetune_stages()
+        whole = len(instantiate_data(experiment.config).split("train"))  # the training split, part all
+        samples = {"whole": whole - whole // 2, "fewer": 64}[family.name]  # half B, or 64 of its samples
+        for stage in stages:
+            module, _ = load_trained(stage.checkpoint(experiment.root))
+            reinitialized = set(scope_parameters(module.model, "first_attention"))
+            tuned = read_state_dict(stage.checkpoint(experiment.root))
+            frozen = [name for name in tuned if name not in reinitialized]
+            assert frozen and all(torch.equal(tuned[name], pretrained[name]) for name in frozen), family.name
+            assert any(not torch.equal(tuned[name], pretrained[name]) for name in tuned if name not in frozen)
+            assert len(instantiate_data(stage.config).split("train")) == samples, family.name
+        assert (runs / family.name / "first_attention" / "summary.json").is_file()
+
+
+SENSITIVITY, SENSITIVITY_QUICK = "configs/study/sensitivity.yaml", "configs/study/sensitivity_quick.yaml"
+
+
+def test_the_sensitivity_study_spans_8x_in_fine_tuning_samples_and_length_on_each_family():
+    from lmc.training.cli import instantiate_data
+
+    study = load_study([SENSITIVITY])
+    assert study.strategies == ["first_attention"] and study.table1_seeds == 5  # 10 pairs per point
+    assert [task.name for task in schedule(study) if task.strategy is None] == [
+        "mnist_vit_ape/pretrain", "mnist_vit_rope/pretrain", "gpt2_ape/pretrain", "llama_rope/pretrain"
+    ]  # fmt: skip
+    for base in ("mnist_vit_ape", "mnist_vit_rope", "gpt2_ape", "llama_rope"):
+        points = [family for family in study.families if family.name == base or family.pretrained_by == base]
+        settings = {}
+        for family in points:
+            assert family.table1 and family.experiment == study.family(base).experiment
+            experiment = study.experiment(family, "first_attention")
+            assert experiment.protocol.head_orders and experiment.protocol.seeds == 5
+            assert alignment_labels(experiment.protocol.alignment_options) == ["permutation", "orthogonal", "full"]
+            stage = experiment.finetune_stage(0, study.pretrained(family), "")
+            samples = len(instantiate_data(stage.config).split("train"))
+            epochs = stage.config.trainer.max_epochs
+            settings[family.name] = (samples, epochs)
+            assert f"{samples:,} fine-tuning samples, {epochs} epoch" in family.title, family.title
+        half, default = settings[base]
+        whole = len(instantiate_data(experiment.config).split("train"))  # part all
+        assert half == whole - whole // 2  # half B
+        sizes = sorted(samples for samples, epochs in settings.values() if epochs == default)
+        lengths = sorted(epochs for samples, epochs in settings.values() if samples == half)
+        assert sizes == [round(half * share) for share in (1 / 8, 1 / 4, 1 / 2, 1)], base
+        assert len(lengths) == 4 and lengths[-1] == 8 * lengths[0] and default in lengths, base
+        assert len(settings) == 7  # the default point once, three other sizes, three other lengths
+
+
+def test_table1_has_a_column_only_for_the_variants_run():
+    from lmc.experiments.table1 import table1_section
+
+    stats = {"mean": 2.0, "std": 0.5, "min": 1.0, "max": 3.0, "count": 2}
+    entry = {name: stats for name in ("rank", "rank_within_noise", "l_hat")} | {"ties": 1, "noise_pairs": 2}
+    orders = {"orders": 8, "alignments": {"full": {"loss_barrier": entry, "accuracy_barrier": entry}}}
+    ratio = {"barrier_ratio": {"loss_barrier": stats, "accuracy_barrier": stats}}
+    summary = {"pairs": ["0_1", "0_2"], "head_orders": orders, "alignments": {"full": ratio, "permutation": ratio}}
+    family = Family("x", "Llama, 8 orders", "configs/study/llama_rope.yaml")
+    lines = table1_section([(family, summary)])
+    header = next(line for line in lines if line.startswith("| family | pairs |"))
+    assert "Variant 1 (Stage 1 only) | full |" in header and "Variant 2" not in header
+    row = next(line for line in lines if line.startswith("| Llama, 8 orders | 2 | 8 | 2.0 ± 0.5 |"))
+    assert row.count("|") == header.count("|") and row.endswith("| 2.0 ± 0.5 % | 2.0 ± 0.5 % |")
+    assert (
+        "| paper (ViT/BERT, 4 data sets) | 10 | 24 | low | n/a | n/a | near 0 | low | near 0 | 62-91 % | 7-12 % |"
+        in lines
+    )
+
+
+@pytest.mark.slow
+def test_the_sensitivity_study_runs_in_its_tiny_form(tmp_path):
+    from lmc.experiments.jobs import Cluster
+    from lmc.experiments.study import repro
+    from lmc.training.cli import instantiate_data
+
+    study = load_study([SENSITIVITY, SENSITIVITY_QUICK])
+    names = [
+        "mnist_vit_ape",
+        "mnist_vit_ape_samples_219",
+        "mnist_vit_ape_epochs_80",
+        "llama_rope",
+        "llama_rope_samples_410",
+    ]
+    families = [study.family(name) for name in names]
+    outputs = {"output_dir": str(tmp_path / "runs"), "report": str(tmp_path / "r.md")}
+    repro([SENSITIVITY, SENSITIVITY_QUICK], 1, {"families": families, **outputs}, Cluster(executor="inline"))
+    trained = sorted(path.relative_to(tmp_path / "runs") for path in (tmp_path / "runs").rglob("pretrain/final.ckpt"))
+    assert trained == [Path(f"{name}/first_attention/pretrain/final.ckpt") for name in ("llama_rope", "mnist_vit_ape")]
+    table1 = (tmp_path / "r.md").read_text().split("## Table 1")[1].split("## Appendix K")[0]
+    for family in families:  # one pair per point; 4! head orders, or with GQA 4/2 the 2! * 2! * 2! that keep the pairs
+        assert f"| {family.title} | 1 | {8 if family.name.startswith('llama') else 24} | " in table1, family.title
+    assert "| Variant 1 (Stage 1 only) | Variant 2 (orthogonal start) | full |" in table1
+    fewer = dataclasses.replace(study, families=families, **outputs).experiment(families[1], "first_attention")
+    assert [len(instantiate_data(stage.config).split("train")) for stage in fewer.finetune_stages()] == [219, 219]
 
 
 @pytest.mark.slow
