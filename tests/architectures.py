@@ -29,6 +29,7 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "mistral-swa": ("mistral-tiny", {}),  # sliding window 4 < the 16-token probe
     "qwen2-gqa": ("qwen2-tiny", {}),  # biases on q, k, v
     "qwen3-gqa": ("qwen3-tiny", {"attention_bias": True}),  # per-head q_norm, k_norm; biases before them
+    "olmo2-gqa": ("olmo2-tiny", {"attention_bias": True}),  # full-width q_norm, k_norm; sublayer output norms only
     "gemma-gqa": ("gemma-tiny", {}),  # (1 + w) RMSNorms, scaled embeddings, GeGLU, tied head
     "gemma2-capped": ("gemma2-tiny", {"attention_bias": True}),  # soft-capping, sublayer output norms, windows
     "phi3-partial": ("phi3-tiny", {}),  # fused [Q | K | V] with GQA, fused [gate | up], half of each head rotary
@@ -45,11 +46,13 @@ DECODERS = [
     "mistral-swa",
     "qwen2-gqa",
     "qwen3-gqa",
+    "olmo2-gqa",
     "gemma-gqa",
     "gemma2-capped",
     "phi3-partial",
 ]  # lmc.adapters.decoders with RMSNorms
-QK_NORM = ["qwen3-gqa"]  # per-head RMSNorms on queries and keys: C is a sign flip (tests/symmetry/test_qwen3.py)
+# RMSNorms on queries and keys, per head or full width: C is a sign flip (tests/symmetry/test_qwen3.py, test_olmo2.py)
+QK_NORM = ["qwen3-gqa", "olmo2-gqa"]
 GPT_NEOX = ["gpt-neox-parallel", "gpt-neox-sequential"]  # lmc.adapters.decoders with LayerNorms
 ROPE = [
     key
@@ -59,7 +62,7 @@ ROPE = [
 APE = [key for key in ARCHITECTURES if key not in ROPE]
 GQA = ["ref-lm-rope-half-gqa-swiglu-rms-nobias", *DECODERS]
 
-# HF's RMSNorms (Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Phi-3) normalize in float32 even in a
+# HF's RMSNorms (Llama, Mistral, Qwen2, Qwen3, OLMo-2, Gemma, Gemma 2, Phi-3) normalize in float32 even in a
 # float64 model, so equal functions agree only to float32 rounding after each norm (observed ~2e-7);
 # every other model to ~1e-15, and so do the decoders with their norms computed in float64
 # (tests/symmetry/test_decoders.py).

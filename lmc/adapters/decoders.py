@@ -17,6 +17,12 @@ is generic code over the declaration (docs/spec.md, section 2; docs/extending.md
   norms on each sublayer's output (on residual coordinates, so they permute with the stream),
   soft-capped attention logits and final logits (injective maps of each score and logit: the group
   is unchanged) and windows on alternating layers (docs/spec.md, section 2, "Other variants");
+- OLMo-2 is Llama with its norms moved onto the sublayers' outputs (``post_attention_layernorm``,
+  ``post_feedforward_layernorm``; the sublayers read the stream itself) and an RMSNorm over the whole
+  query row and the whole key row before RoPE (``q_norm``/``k_norm``, gains of widths ``h d_h`` and
+  ``h_kv d_h``): ``C`` is again a sign flip of each rotary pair, and each head's gain slices move with
+  the head permutation and with nothing else (``AttentionSpec.query_gain``/``key_gain``; docs/spec.md,
+  section 2, "Full-width QK-norm"); V/O keeps ``GL(d_h)`` and the residual group is Llama's;
 - Phi-3 is Llama with q, k and v fused in one Linear as ``[Q | K | V]`` blocks (GQA: ``h``, ``h_kv``,
   ``h_kv`` heads) and gate and up fused as ``[gate | up]`` (two stacked copies of the hidden units),
   with optional partial rotary (``partial_rotary_factor``): the same group as Llama's, or GPT-NeoX's
@@ -50,7 +56,7 @@ from lmc.adapters.layout import (
     rotary_from_cos_sin,
 )
 from lmc.rotary import PairLayout, rotary_pairs
-from lmc.symmetry.spec import AxisPermutation, BlockSpec, FixedAxes, RotaryLayout, SymmetrySpec
+from lmc.symmetry.spec import AxisPermutation, BlockSpec, FixedAxes, HeadSlot, RotaryLayout, SymmetrySpec
 
 #: Whether a family's Linears have a bias: always (``True``), never (``False``) or as a config field says (its name).
 BiasRule = bool | str
@@ -86,8 +92,9 @@ class DecoderLayout:
         mlp_bias: Whether the FFN's Linears have biases.
         norm: ``"rms"``: ``<family>RMSNorm`` (a gain); ``"layer"``: ``torch.nn.LayerNorm`` (gain and bias).
         norms: Attributes of a layer's norms on residual coordinates: its two pre-norms (before
-            attention, before the FFN; in a parallel residual both read the layer's input), and
-            norms of the sublayers' outputs where the family has them (Gemma 2).
+            attention, before the FFN; in a parallel residual both read the layer's input), where the
+            family has them, and norms of the sublayers' outputs where it has those (Gemma 2 both,
+            OLMo-2 only these: its sublayers read the stream itself).
         final_norm: Path of the norm after the last layer.
         embeddings: Path of the token embedding.
         lm_head: Path of the output projection (tied to the embedding if the config says so).
@@ -103,8 +110,11 @@ class DecoderLayout:
         sliding_window: Config field of a sliding-window width, if the family has one. A window
             masks positions and leaves the group unchanged; a width of 1 is refused, since then
             queries and keys do not affect the function (docs/spec.md, section 2, "Masks").
-        qk_norms: Attributes of the attention's per-head norms on queries and on keys (norms of
-            ``norm``'s class, width ``head_dim``, applied before RoPE), if the family has them.
+        qk_norms: Attributes of the attention's norms on queries and on keys (norms of ``norm``'s
+            class, applied before RoPE), if the family has them.
+        qk_norm_width: ``"head"``: each norm acts on one head at a time, with one gain of width
+            ``head_dim`` shared by every head (Qwen3); ``"full"``: on the whole query (key) row, with
+            one gain slice per head that moves with the head (OLMo-2, ``AttentionSpec.query_gain``).
     """
 
     family: str
@@ -132,6 +142,7 @@ class DecoderLayout:
     rotary_fraction: float | str = 1.0
     sliding_window: str | None = None
     qk_norms: tuple[str, str] | None = None
+    qk_norm_width: Literal["head", "full"] = "head"
 
     def __post_init__(self) -> None:
         if len(self.projections) != (2 if self.fused_qkv else 4):
@@ -186,7 +197,11 @@ class DecoderAdapter(CausalLMAdapter):
                 attention = linear_attention(index, f"{p}.{layout.attention}", projections, num_kv_heads=h_kv, **shape)
             if layout.qk_norms is not None:
                 query_norm, key_norm = (f"{p}.{layout.attention}.{norm}.weight" for norm in layout.qk_norms)
-                attention = dataclasses.replace(attention, query_norm=query_norm, key_norm=key_norm)
+                if layout.qk_norm_width == "full":
+                    gains = dict(query_gain=HeadSlot(query_norm, 0), key_gain=HeadSlot(key_norm, 0))
+                else:
+                    gains = dict(query_norm=query_norm, key_norm=key_norm)
+                attention = dataclasses.replace(attention, **gains)
             inputs = tuple(f"{p}.{layout.mlp}.{x}" for x in layout.mlp_inputs)
             output = f"{p}.{layout.mlp}.{layout.mlp_output}"
             feed_forward = linear_feed_forward(index, f"{p}.{layout.mlp}", inputs, output, c.intermediate_size)
@@ -311,6 +326,19 @@ class Qwen3Adapter(DecoderAdapter):
         out_bias="attention_bias",
         sliding_window="sliding_window",
         qk_norms=("q_norm", "k_norm"),
+    )
+
+
+@register_adapter("transformers:Olmo2ForCausalLM")
+class Olmo2Adapter(DecoderAdapter):
+    layout = DecoderLayout(
+        "Olmo2",
+        "transformers.models.olmo2.modeling_olmo2",
+        qkv_bias="attention_bias",
+        out_bias="attention_bias",
+        norms=("post_attention_layernorm", "post_feedforward_layernorm"),
+        qk_norms=("q_norm", "k_norm"),
+        qk_norm_width="full",
     )
 
 

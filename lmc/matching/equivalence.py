@@ -38,6 +38,7 @@ from lmc.matching.checks import buffer_differences, check_pair, identical, probe
 from lmc.matching.options import AlignOptions
 from lmc.matching.results import AlignmentReport, dtype_name
 from lmc.symmetry import (
+    HEAD_ORDER_ONLY,
     AttentionTransform,
     AttentionWeights,
     ModelTransform,
@@ -207,7 +208,7 @@ def _with_frozen_from(source: nn.Module, target: nn.Module, free: set[str]) -> n
     return grafted
 
 
-_QUERY_KEY = frozenset({"query", "key", "query_bias", "key_bias"})  # moved by C; the others by B
+_QUERY_KEY = frozenset({"query", "key", "query_bias", "key_bias"})  # moved by C; the others by B (or permuted only)
 
 
 def _is_identity(matrices: torch.Tensor) -> bool:
@@ -249,7 +250,9 @@ def _entry_checks(
         continuous = [
             field.name
             for field in dataclasses.fields(AttentionWeights)
-            if getattr(layer, field.name) is not None and not _is_identity(_matrices(element, field.name))
+            if getattr(layer, field.name) is not None
+            and field.name not in HEAD_ORDER_ONLY  # permuted copies: compared entry by entry below
+            and not _is_identity(_matrices(element, field.name))
         ]
         if not continuous:
             continue

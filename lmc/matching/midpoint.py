@@ -22,7 +22,14 @@ from lmc.matching.calibration import Calibration, CalibrationLoss, batch_to_mode
 from lmc.matching.grams import LayerGrams
 from lmc.matching.options import AlignOptions
 from lmc.matching.stage2 import attention_stages
-from lmc.symmetry import AttentionSpec, AttentionWeights, attention_parameters, read_attention, transform_attention
+from lmc.symmetry import (
+    AttentionSpec,
+    AttentionWeights,
+    attention_parameters,
+    per_query_head,
+    read_attention,
+    transform_attention,
+)
 
 
 def pairing_orders(layer: AttentionSpec) -> list[torch.Tensor]:
@@ -47,7 +54,7 @@ def _with_midpoint_head(target: AttentionWeights, moved: AttentionWeights, head:
         if ours is None:
             fields[field.name] = None
             continue
-        index = head if field.name in ("query", "out", "query_bias") else kv_head
+        index = head if per_query_head(field.name) else kv_head
         value = ours.clone()
         value[index] = (ours[index] + theirs[index]) / 2
         fields[field.name] = value

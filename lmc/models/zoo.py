@@ -263,6 +263,8 @@ _FAMILIES: dict[str, ModelFactory] = {
     "qwen3-tiny": _hf(
         "Qwen3Config", "Qwen3ForCausalLM", dict(_LLAMA_TINY, head_dim=8), _gpt_fields("max_position_embeddings")
     ),
+    # RMSNorms on the sublayers' outputs only, and over the whole query and key rows (q_norm, k_norm).
+    "olmo2-tiny": _hf("Olmo2Config", "Olmo2ForCausalLM", _LLAMA_TINY, _gpt_fields("max_position_embeddings")),
     # (1 + w) RMSNorms, embeddings scaled by sqrt(d), GeGLU, tied head; Gemma 2 adds sublayer output norms,
     # soft-capped attention and final logits and a window (shorter than the probe) on alternating layers.
     "gemma-tiny": _hf(

@@ -19,6 +19,7 @@ from lmc.symmetry.groups import (
     sign_flips,
 )
 from lmc.symmetry.spec import (
+    HEAD_ORDER_ONLY,
     SCOPES,
     AttentionSpec,
     AxisPermutation,
@@ -42,9 +43,17 @@ from lmc.symmetry.transforms import (
     transform_attention,
     vo_group,
 )
-from lmc.symmetry.weights import AttentionWeights, attention_parameters, head_rows, read_attention, write_attention
+from lmc.symmetry.weights import (
+    AttentionWeights,
+    attention_parameters,
+    head_rows,
+    per_query_head,
+    read_attention,
+    write_attention,
+)
 
 __all__ = [
+    "HEAD_ORDER_ONLY",
     "REASONS",
     "SCOPES",
     "AttentionSpec",
@@ -69,6 +78,7 @@ __all__ = [
     "general_linear",
     "head_rows",
     "other_pair_layout",
+    "per_query_head",
     "qk_group",
     "read_attention",
     "rotary_commutant",

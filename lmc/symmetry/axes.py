@@ -69,8 +69,8 @@ def _length(shapes: Mapping[str, Sequence[int]], axis: Axis) -> int:
 
 def _head_axes(layer: AttentionSpec, shapes: Mapping[str, Sequence[int]]) -> set[Axis]:
     """The axes whose every entry lies in one of the layer's head slots (a fused ``qkv`` needs all three)."""
-    heads = {"query": layer.num_heads, "out": layer.num_heads, "query_bias": layer.num_heads}
-    heads |= {role: layer.num_kv_heads for role in ("key", "value", "key_bias", "value_bias")}
+    heads = {role: layer.num_heads for role in ("query", "out", "query_bias", "query_gain")}
+    heads |= {role: layer.num_kv_heads for role in ("key", "value", "key_bias", "value_bias", "key_gain")}
     covered: dict[Axis, set[int]] = {}
     for role, count in heads.items():
         slot = getattr(layer, role)

@@ -31,6 +31,11 @@ the input's own coordinates (image channels and pixels, token types), by token i
 token positions, or it is a constant of the architecture or coordinates such a constant pins."""
 
 
+HEAD_ORDER_ONLY: frozenset[str] = frozenset({"query_gain", "key_gain"})
+"""The :class:`AttentionSpec` slots whose entries move with the head permutation and that neither ``C`` nor ``B``
+acts on (docs/spec.md, section 2, "Full-width QK-norm"); every other slot also takes its head's ``C`` or ``B``."""
+
+
 @dataclass(frozen=True)
 class HeadSlot:
     """Where one per-head projection (or its bias) is stored.
@@ -109,6 +114,12 @@ class AttentionSpec:
             per-head RMSNorm on queries and on keys before RoPE (Qwen3's ``q_norm``/``k_norm``),
             if any. The group leaves them unchanged, and with either one ``C`` shrinks to sign
             flips (docs/spec.md, section 2, "Per-head QK-norm").
+        query_gain, key_gain: Slots that only the head permutation moves (:data:`HEAD_ORDER_ONLY`):
+            each query (key/value) head's ``head_dim``-wide slice of the gain of a full-width
+            RMSNorm on queries (keys) before RoPE (OLMo-2's ``q_norm``/``k_norm``, of widths
+            ``num_heads * head_dim`` and ``num_kv_heads * head_dim``), if any. A head moves with
+            its slices; neither ``C`` nor ``B`` acts on them, and with either one ``C`` shrinks to
+            sign flips, which commute with the gains (docs/spec.md, section 2, "Full-width QK-norm").
     """
 
     name: str
@@ -128,6 +139,8 @@ class AttentionSpec:
     rotary: RotaryLayout | None = None
     query_norm: str | None = None
     key_norm: str | None = None
+    query_gain: HeadSlot | None = None
+    key_gain: HeadSlot | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -143,9 +156,15 @@ class AttentionSpec:
         return self.num_heads // self.num_kv_heads
 
     @property
+    def normalizes_queries_and_keys(self) -> bool:
+        """Whether an RMSNorm on queries or keys (per head or full width) restricts ``C`` to sign flips."""
+        return any(norm is not None for norm in (self.query_norm, self.key_norm, self.query_gain, self.key_gain))
+
+    @property
     def slots(self) -> tuple[HeadSlot, ...]:
-        """The slots present (what the group acts on), projections first."""
+        """The slots present (what the group acts on), projections first, then the biases and the gains."""
         slots = (self.query, self.key, self.value, self.out, self.query_bias, self.key_bias, self.value_bias)
+        slots += (self.query_gain, self.key_gain)
         return tuple(slot for slot in slots if slot is not None)
 
     @property

@@ -6,7 +6,8 @@ then per key/value head one ``C`` on Q/K and one ``B`` on V/O. It maps
     W_Q^i -> W_Q^sigma(i) C_g(i)        W_K^g -> W_K^sigma_kv(g) C_g^{-T}
     W_V^g -> W_V^sigma_kv(g) B_g        W_O^i -> B_g(i)^{-1} W_O^sigma(i)
 
-(biases like their weights, ``b_O`` unchanged). Without GQA ``g(i) = i`` and both
+(biases like their weights, ``b_O`` unchanged); the gain slices of a full-width QK-norm move with
+their heads alone (``g_Q^i -> g_Q^sigma(i)``, ``g_K^g -> g_K^sigma_kv(g)``). Without GQA ``g(i) = i`` and both
 permutations coincide. Permutations act on axes as ``new = old.index_select(axis, perm)``.
 """
 
@@ -24,8 +25,8 @@ from lmc.symmetry.weights import AttentionWeights, read_attention, write_attenti
 
 def qk_group(spec: AttentionSpec) -> QKGroup:
     """The group of ``C`` (Q/K) for this layer: ``GL(d_h)``, the commutant of its RoPE rotations, or
-    with a per-head norm on queries or keys the sign flips of its rotary pairs and other coordinates."""
-    if spec.query_norm is not None or spec.key_norm is not None:
+    with a norm on queries or keys (per head or full width) the sign flips of its rotary pairs and other coordinates."""
+    if spec.normalizes_queries_and_keys:
         return sign_flips(spec.head_dim, spec.rotary)
     if spec.rotary is None:
         return general_linear(spec.head_dim)
@@ -115,7 +116,8 @@ def transform_attention(weights: AttentionWeights, transform: AttentionTransform
     """Apply ``transform`` to per-head weights.
 
     Computed in :func:`compute_dtype` of the weights' dtype and returned in the weights' dtype.
-    No membership check is made: tests use this to apply elements *outside* the group.
+    No membership check is made: tests use this to apply elements *outside* the group. The gain slices
+    of a full-width QK-norm are only permuted (:data:`~lmc.symmetry.spec.HEAD_ORDER_ONLY`).
     """
     stored = weights.query.dtype
     dtype = compute_dtype(stored)
@@ -132,6 +134,9 @@ def transform_attention(weights: AttentionWeights, transform: AttentionTransform
     def rows(bias: torch.Tensor | None, perm: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor | None:
         return None if bias is None else left(bias.unsqueeze(1), perm, matrices).squeeze(1)
 
+    def heads(gain: torch.Tensor | None, perm: torch.Tensor) -> torch.Tensor | None:
+        return None if gain is None else gain[perm]
+
     return AttentionWeights(
         query=left(weights.query, query_perm, qk_per_query),
         key=left(weights.key, kv_perm, qk_inverse_t),
@@ -140,6 +145,8 @@ def transform_attention(weights: AttentionWeights, transform: AttentionTransform
         query_bias=rows(weights.query_bias, query_perm, qk_per_query),
         key_bias=rows(weights.key_bias, kv_perm, qk_inverse_t),
         value_bias=rows(weights.value_bias, kv_perm, vo),
+        query_gain=heads(weights.query_gain, query_perm),
+        key_gain=heads(weights.key_gain, kv_perm),
     )
 
 

@@ -26,6 +26,8 @@ class AttentionWeights:
         query_bias: ``(num_heads, head_dim)`` or ``None``.
         key_bias: ``(num_kv_heads, head_dim)`` or ``None``.
         value_bias: ``(num_kv_heads, head_dim)`` or ``None``.
+        query_gain: ``(num_heads, head_dim)`` or ``None``: each query head's slice of a full-width norm's gain.
+        key_gain: ``(num_kv_heads, head_dim)`` or ``None``: the same for key/value heads.
     """
 
     query: torch.Tensor
@@ -35,6 +37,8 @@ class AttentionWeights:
     query_bias: torch.Tensor | None = None
     key_bias: torch.Tensor | None = None
     value_bias: torch.Tensor | None = None
+    query_gain: torch.Tensor | None = None
+    key_gain: torch.Tensor | None = None
 
 
 # (field, slot attribute, whether the per-head block is stored head_dim x d and must be transposed)
@@ -46,11 +50,18 @@ _LAYOUT = (
     ("query_bias", "query_bias", False),
     ("key_bias", "key_bias", False),
     ("value_bias", "value_bias", False),
+    ("query_gain", "query_gain", False),
+    ("key_gain", "key_gain", False),
 )
 
 
+def per_query_head(field_name: str) -> bool:
+    """Whether an :class:`AttentionWeights` field holds one entry per query head (else per key/value head)."""
+    return field_name.startswith(("query", "out"))
+
+
 def _head_count(spec: AttentionSpec, field_name: str) -> int:
-    return spec.num_heads if field_name.startswith(("query", "out")) else spec.num_kv_heads
+    return spec.num_heads if per_query_head(field_name) else spec.num_kv_heads
 
 
 def _slot_view(parameter: torch.Tensor, slot: HeadSlot, count: int, head_dim: int) -> torch.Tensor:

@@ -41,6 +41,7 @@ FAMILY_GROUPS = {
     "mistral-tiny": "H(8) dim 8",  # the window acts on positions
     "qwen2-tiny": "H(8) dim 8",  # biases move with the group
     "qwen3-tiny": "signs(8) dim 0",  # per-head QK-norm: sign flips of the rotary pairs
+    "olmo2-tiny": "signs(8) dim 0",  # full-width QK-norm: the same, the gain slices moving with the heads
     "gemma-tiny": "H(8) dim 8",
     "gemma2-tiny": "H(8) dim 8",  # capping is injective
     "phi3-tiny": "H(8) dim 20",  # half rotary: 2 pairs of H, GL(4) on the rest

@@ -156,6 +156,7 @@ FAMILY_DATA = {
     "mistral-tiny": TOKENS,
     "qwen2-tiny": TOKENS,
     "qwen3-tiny": TOKENS,
+    "olmo2-tiny": TOKENS,
     "gemma-tiny": TOKENS,
     "gemma2-tiny": TOKENS,
     "phi3-tiny": TOKENS,

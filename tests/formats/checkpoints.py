@@ -25,6 +25,7 @@ HF_MODELS = {
     "mistral-swa": ("mistral-tiny", {}),
     "qwen2-gqa": ("qwen2-tiny", {}),
     "qwen3-gqa": ("qwen3-tiny", {}),  # per-head q_norm, k_norm
+    "olmo2-gqa": ("olmo2-tiny", {}),  # full-width q_norm, k_norm: each head's gain slices move with it
     "phi3-partial": ("phi3-tiny", {}),  # fused [Q | K | V] and [gate | up]
     "gemma-gqa": ("gemma-tiny", {}),  # (1 + w) RMSNorms, scaled embeddings, GeGLU, tied head
     "gemma2-capped": ("gemma2-tiny", {}),  # soft-capping, sublayer output norms, tied head

@@ -72,7 +72,17 @@ def test_causal_lm_curves_on_a_text_file_with_perplexity_and_every_output(gpt2_p
 
 
 @pytest.mark.parametrize(
-    "name", ["mistral-tiny", "qwen2-tiny", "qwen3-tiny", "gemma-tiny", "gemma2-tiny", "phi3-tiny", "gpt-neox-tiny"]
+    "name",
+    [
+        "mistral-tiny",
+        "qwen2-tiny",
+        "qwen3-tiny",
+        "olmo2-tiny",
+        "gemma-tiny",
+        "gemma2-tiny",
+        "phi3-tiny",
+        "gpt-neox-tiny",
+    ],
 )
 def test_llama_like_decoders_interpolate_with_aligned_end_points_equal(name, tmp_path):
     a, b = (str(save_hf(model(name, {}, seed=s), tmp_path / f"m{s}")) for s in (0, 1))

@@ -98,6 +98,8 @@ CASES = [
     ("qwen2-tiny", torch.float32, True, "full_model"),
     ("mistral-tiny", torch.float32, False, "full_model"),
     ("qwen3-tiny", torch.bfloat16, True, "full_model"),  # q_norm, k_norm: per-head gains no permutation moves
+    ("olmo2-tiny", torch.float32, True, "all_attention"),  # full-width q_norm, k_norm: slices move with the heads
+    ("olmo2-tiny", torch.bfloat16, False, "full_model"),  # sublayer output norms only: the stream reads raw
     ("gemma-tiny", torch.bfloat16, True, "full_model"),  # tied head: the embedding's columns are the stream
     ("gemma2-tiny", torch.float32, False, "full_model"),  # sublayer output norms on the stream
     ("phi3-tiny", torch.bfloat16, True, "full_model"),  # both copies of each [gate | up] unit

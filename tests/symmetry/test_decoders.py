@@ -26,6 +26,7 @@ NORMS = {
     "mistral-swa": "transformers.models.mistral.modeling_mistral:MistralRMSNorm",
     "qwen2-gqa": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
     "qwen3-gqa": "transformers.models.qwen3.modeling_qwen3:Qwen3RMSNorm",  # q_norm and k_norm too
+    "olmo2-gqa": "transformers.models.olmo2.modeling_olmo2:Olmo2RMSNorm",  # full-width q_norm and k_norm too
     "gemma-gqa": "transformers.models.gemma.modeling_gemma:GemmaRMSNorm",
     "phi3-partial": "transformers.models.phi3.modeling_phi3:Phi3RMSNorm",
     "gemma2-capped": "transformers.models.gemma2.modeling_gemma2:Gemma2RMSNorm",

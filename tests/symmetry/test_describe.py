@@ -33,6 +33,7 @@ EXPECTED = {
     "gemma2-capped": ("rope", "half", 4, 2, 8, "H", 8),  # capping and windows act on scores and positions
     "phi3-partial": ("rope", "half", 4, 2, 8, "H", 4 + 16),  # 2 pairs of H, GL(4) on the rest
     "qwen3-gqa": ("rope", "half", 4, 2, 8, "signs", 0),  # 2^4 sign flips of the rotary pairs: a finite group
+    "olmo2-gqa": ("rope", "half", 4, 2, 8, "signs", 0),  # the same with full-width norms (gains move with heads)
     "gpt-neox-parallel": ("rope", "half", 4, 4, 8, "H", 4 + 16),  # 2 pairs of H, GL(4) on the rest
     "gpt-neox-sequential": ("rope", "half", 4, 4, 8, "H", 8),  # every coordinate rotates
     "hf-vit": ("absolute", None, 4, 4, 8, "GL", 64),

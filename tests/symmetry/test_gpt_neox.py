@@ -9,6 +9,8 @@ elements just outside it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -68,7 +70,9 @@ def test_the_view_reads_query_key_value_per_head_and_writes_it_back():
         ):
             assert torch.equal(w[i], rows[i, k].T) and torch.equal(b[i], bias[i, k])
         assert torch.equal(weights.out[i], model.gpt_neox.layers[0].attention.dense.weight[:, 8 * i : 8 * i + 8].T)
-    marked = AttentionWeights(**{name: torch.full_like(value, 7.0) for name, value in vars(weights).items()})
+    marked = AttentionWeights(
+        **{name: None if value is None else torch.full_like(value, 7.0) for name, value in vars(weights).items()}
+    )
     write_attention(parameters, layer, marked)  # every entry of the fused Linear belongs to exactly one slot
     assert torch.equal(qkv.weight, torch.full_like(qkv.weight, 7.0)) and torch.equal(
         qkv.bias, torch.full_like(qkv.bias, 7.0)
@@ -148,33 +152,28 @@ def _query_tangent(weights: AttentionWeights, a: torch.Tensor) -> AttentionWeigh
     """Head 0's queries by ``I + A``, nothing else: no symmetry, the scale of the Jacobians."""
     eye = torch.eye(a.shape[0], dtype=a.dtype)
     moved = _head0(weights.query, eye + a), _bias_head0(weights.query_bias, eye + a)
-    return AttentionWeights(**{**vars(weights), "query": moved[0], "query_bias": moved[1]})
+    return dataclasses.replace(weights, query=moved[0], query_bias=moved[1])
 
 
 def _qk_tangent(weights: AttentionWeights, a: torch.Tensor) -> AttentionWeights:
     """Head 0's queries by ``I + A`` and keys by ``I - A^T``: the first order of ``(C, C^-T)``."""
     eye = torch.eye(a.shape[0], dtype=a.dtype)
-    return AttentionWeights(
+    return dataclasses.replace(
+        weights,
         query=_head0(weights.query, eye + a),
         key=_head0(weights.key, eye - a.T),
-        value=weights.value,
-        out=weights.out,
         query_bias=_bias_head0(weights.query_bias, eye + a),
         key_bias=_bias_head0(weights.key_bias, eye - a.T),
-        value_bias=weights.value_bias,
     )
 
 
 def _vo_tangent(weights: AttentionWeights, b: torch.Tensor) -> AttentionWeights:
     """Head 0's values by ``I + B`` and its output rows by ``I - B``: the first order of ``(B, B^-1)``."""
     eye = torch.eye(b.shape[0], dtype=b.dtype)
-    return AttentionWeights(
-        query=weights.query,
-        key=weights.key,
+    return dataclasses.replace(
+        weights,
         value=_head0(weights.value, eye + b),
         out=torch.cat([(eye - b) @ weights.out[:1], weights.out[1:]]),
-        query_bias=weights.query_bias,
-        key_bias=weights.key_bias,
         value_bias=_bias_head0(weights.value_bias, eye + b),
     )
 

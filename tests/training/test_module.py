@@ -23,6 +23,7 @@ BACKBONES = {
     "mistral-tiny": PythonDocsLM,
     "qwen2-tiny": PythonDocsLM,
     "qwen3-tiny": PythonDocsLM,
+    "olmo2-tiny": PythonDocsLM,
     "gemma-tiny": PythonDocsLM,
     "gemma2-tiny": PythonDocsLM,
     "phi3-tiny": PythonDocsLM,
