@@ -109,10 +109,14 @@ class SweepHooks:
 def keyed_data_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """A DataModule's constructor settings as the keys of runs and sweeps record them.
 
-    ``train_samples`` at ``None`` (the whole training split) is left out: keys made before the
-    setting existed meant the same data, and stay valid.
+    ``train_samples`` at ``None`` (the whole training split) is left out, and so is ``tokens`` at
+    ``"bytes"`` with the ``vocabulary_size`` that only words use: keys made before these settings
+    existed meant the same data, and stay valid.
     """
-    return {name: value for name, value in settings.items() if not (name == "train_samples" and value is None)}
+    left_out = {"tokens", "vocabulary_size"} if settings.get("tokens") == "bytes" else set()
+    if settings.get("train_samples") is None:
+        left_out.add("train_samples")
+    return {name: value for name, value in settings.items() if name not in left_out}
 
 
 def data_identity(datamodule: object) -> dict[str, Any]:

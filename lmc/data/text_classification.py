@@ -39,11 +39,12 @@ if TYPE_CHECKING:
 LabelledTexts = tuple[list[str], list[int]]
 
 
-class PaddedByteTexts(Dataset):
-    """Fixed-length byte-id texts, stored as ``int16`` (ids reach 256) and widened when read.
+class PaddedTokenTexts(Dataset):
+    """Fixed-length token-id texts, stored as ``int16`` (byte ids reach 256, word ids stay below
+    32,768) and widened when read.
 
     Args:
-        ids: ``(N, T)`` byte ids, 0 = padding.
+        ids: ``(N, T)`` token ids (byte or word ids), 0 = padding.
         labels: ``(N,)`` class indices.
     """
 
@@ -185,10 +186,10 @@ class ByteTextClassification(LMCDataModule):
         texts, labels = splits["train"]
         ids, labels = encode_texts(texts, self.sequence_length), torch.tensor(labels, dtype=torch.long)
         train, val = split_off_validation(len(labels), self.val_fraction, self.seed)
-        self.train_set = PaddedByteTexts(ids[train], labels[train])
-        self.val_set = PaddedByteTexts(ids[val], labels[val])
+        self.train_set = PaddedTokenTexts(ids[train], labels[train])
+        self.val_set = PaddedTokenTexts(ids[val], labels[val])
         test_texts, test_labels = splits["test"]
-        self.test_set = PaddedByteTexts(encode_texts(test_texts, self.sequence_length), torch.tensor(test_labels))
+        self.test_set = PaddedTokenTexts(encode_texts(test_texts, self.sequence_length), torch.tensor(test_labels))
 
 
 class _ZhangCSV(ByteTextClassification):

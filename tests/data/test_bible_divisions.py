@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 import lmc.data.embedded
+from lmc.connectivity import data_identity, keyed_data_settings
 from lmc.data import BibleDivisions, CorruptDataError, DataUnavailableError
-from lmc.data.embedded import read_pythonbible_verses
+from lmc.data.embedded import OUT_OF_VOCABULARY, read_pythonbible_verses, word_vocabulary
+from lmc.experiments.protocol import experiment_cli
+from lmc.tasks import DataInfo
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 #: The first book of each division and the last, in canonical order, with the division's label.
 BOUNDARY_BOOKS = {1: 0, 5: 0, 6: 1, 17: 1, 18: 2, 22: 2, 23: 3, 39: 3, 40: 4, 66: 4}
@@ -169,3 +177,135 @@ def test_the_shipped_verses_are_the_31102_of_the_king_james_bible():
         assert len(data.split("val")) == len(data.split("test")) == 4662
     # The other 31,102 - 2 * 4,662 = 21,778 verses train, halved: over ten thousand for each of A and B.
     assert len(halves["A"]) == len(halves["B"]) == 10889 and not halves["A"] & halves["B"]
+
+
+# ---------------------------------------------------------------------------------------------
+# tokens="words": ids of the training split's most frequent words.
+# ---------------------------------------------------------------------------------------------
+
+
+def _spelled(number: int) -> str:
+    """A word for a number, in letters (digits are no word characters): 12 is "bc"."""
+    return "".join("abcdefghij"[int(digit)] for digit in str(number))
+
+
+#: The words of every verse of :func:`_word_verses` but its own (its 4th) and its division's (the last).
+SHARED_WORDS = ("in", "the", "verse", "of", "division")
+
+
+def _word_verses(count: int) -> dict[int, str]:
+    """``count`` verses in the first book of each division, 7 words each, the 4th a word of the verse alone."""
+    return {
+        book * 1_000_000
+        + 1000
+        + verse: f"In the verse z{_spelled(100 * label + verse)}, of division {_spelled(label)}."
+        for label, book in enumerate(FIRST_BOOKS)
+        for verse in range(1, count + 1)
+    }
+
+
+def _words(path: str, **settings) -> BibleDivisions:
+    data = BibleDivisions(path=path, tokens="words", **settings)
+    data.setup()
+    return data
+
+
+def _ids(dataset) -> list[list[int]]:
+    return [dataset[i]["inputs"].tolist() for i in range(len(dataset))]
+
+
+def test_words_are_lowercased_runs_of_letters_and_apostrophes():
+    assert lmc.data.embedded.words("The LORD’S house at Beth-el; [is] it's Cæsar’s.") == [
+        "the", "lord’s", "house", "at", "beth", "el", "is", "it's", "cæsar’s",
+    ]  # fmt: skip
+
+
+def test_the_vocabulary_ranks_words_by_count_then_by_the_word():
+    # "b" and "a" twice, "c" once; two ids for words: the tie goes to "a".
+    assert word_vocabulary(["b a", "a c b"], 4) == word_vocabulary(["a c b", "b a"], 4) == {"a": 2, "b": 3}
+    assert word_vocabulary(["b a", "a c b"], 100) == {"a": 2, "b": 3, "c": 4}
+
+
+def test_the_vocabulary_is_the_training_splits_so_other_verses_own_words_are_out_of_vocabulary(tmp_path):
+    data = _words(_write_module(tmp_path / "bible.py", _word_verses(20)), sequence_length=8, val_fraction=0.2)
+    word_of = {index: word for word, index in data.vocabulary.items()}
+    training_words = {word_of[index] for row in _ids(data.split("train")) for index in row if index > 0}
+    assert set(data.vocabulary) == training_words  # every training word has an id, and nothing else does
+    # The shared words, the 5 divisions' and the own words of the 13 training verses of each division.
+    assert set(SHARED_WORDS) < training_words and len(training_words) == len(SHARED_WORDS) + 5 + 65
+    for name in ("val", "test"):
+        for row, label in zip(_ids(data.split(name)), _labels(data.split(name))):
+            shared = [data.vocabulary[word] for word in SHARED_WORDS]
+            assert row == [*shared[:3], OUT_OF_VOCABULARY, *shared[3:], data.vocabulary[_spelled(label)], 0], name
+
+
+def test_word_ids_are_the_same_in_both_halves_every_subset_and_every_run(tmp_path):
+    path = _write_module(tmp_path / "bible.py", _word_verses(20))
+    whole = _words(path, seed=3)
+    for run_seed, (part, train_samples) in enumerate((("A", None), ("B", None), ("B", 10))):
+        torch.manual_seed(run_seed)  # a run's own seed (seed_everything) leaves the data alone
+        data = _words(path, seed=3, part=part, train_samples=train_samples)
+        assert data.vocabulary == whole.vocabulary
+        training = data.split("train")
+        assert _ids(training) == [_ids(whole.split("train"))[index] for index in training.indices]
+        assert _ids(data.split("val")) == _ids(whole.split("val"))
+
+
+def test_word_verses_are_cut_to_their_first_words_or_padded(tmp_path):
+    path = _write_module(tmp_path / "bible.py", _word_verses(2))
+    long, cut = (_words(path, sequence_length=length, val_fraction=0.0, test_fraction=0.0) for length in (10, 4))
+    for row, short in zip(_ids(long.split("train")), _ids(cut.split("train"))):
+        assert row[7:] == [0, 0, 0] and 0 not in row[:7]
+        assert short == row[:4]
+    sample = long.split("train")[0]
+    assert sample["attention_mask"].tolist() == [1] * 7 + [0] * 3 and sample["inputs"].dtype == torch.long
+
+
+def test_info_reports_the_vocabulary_size_before_the_verses_are_read(tmp_path):
+    missing = str(tmp_path / "not_read.py")
+    words = BibleDivisions(path=missing, tokens="words", vocabulary_size=500, sequence_length=48)
+    assert words.info == DataInfo("text_classification", num_classes=5, vocab_size=500, sequence_length=48)
+    assert BibleDivisions(path=missing, vocabulary_size=500).info.vocab_size == 257  # bytes
+    # The tiny file holds 80 words: the embedding has rows for ids no word takes, none are missing.
+    data = _words(_write_module(tmp_path / "bible.py", _word_verses(20)), vocabulary_size=500)
+    assert max(data.vocabulary.values()) < data.info.vocab_size == 500
+
+
+def test_a_vocabulary_smaller_than_the_words_sends_the_rarest_to_out_of_vocabulary(tmp_path):
+    data = _words(_write_module(tmp_path / "bible.py", _word_verses(20)), vocabulary_size=7)
+    assert set(data.vocabulary) == set(SHARED_WORDS) and data.info.vocab_size == 7
+    assert all(row[3] == row[6] == OUT_OF_VOCABULARY for row in _ids(data.split("train")))
+
+
+def test_bad_tokens_and_vocabulary_sizes_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="tokens='chars'; choose one of bytes, words"):
+        BibleDivisions(tokens="chars")
+    with pytest.raises(ValueError, match="vocabulary_size=2 is outside 3-32768: give at least 3 .id 0 pads"):
+        BibleDivisions(tokens="words", vocabulary_size=2)
+    with pytest.raises(ValueError, match=r"vocabulary_size=40000 .* at most 32768 \(ids are stored as int16\)"):
+        BibleDivisions(tokens="words", vocabulary_size=40000)
+
+
+def test_byte_keys_are_those_from_before_words_and_word_keys_differ(tmp_path):
+    path = _write_module(tmp_path / "bible.py", _per_division(2))
+    before = {
+        "class": "lmc.data.embedded.BibleDivisions",
+        **{"part": "all", "seed": 0, "path": path, "sequence_length": 128, "val_fraction": 0.15, "test_fraction": 0.15},
+    }
+    assert data_identity(BibleDivisions(path=path)) == before
+    assert data_identity(BibleDivisions(path=path, tokens="bytes", vocabulary_size=100)) == before  # unused
+    words = data_identity(BibleDivisions(path=path, tokens="words"))
+    assert words == {**before, "tokens": "words", "vocabulary_size": 8192}
+    assert data_identity(BibleDivisions(path=path, tokens="words", vocabulary_size=100)) != words
+
+
+@pytest.mark.parametrize("experiment", ["bible_bert_ape", "bible_words_bert_ape"])
+def test_run_keys_record_the_data_files_settings_so_byte_keys_stay(experiment, tmp_path):
+    """The parsed config holds every constructor default; its keyed settings are the data file's alone
+    (the byte file has no ``tokens``, as before words existed)."""
+    path = CONFIGS / "experiment" / f"{experiment}.yaml"
+    cli = experiment_cli(["--config", str(path), f"--protocol.output_dir={tmp_path}"], run=False)
+    data_file = path.parent / yaml.safe_load(path.read_text())["data"]
+    assert (
+        keyed_data_settings(cli.config.data.init_args.as_dict()) == yaml.safe_load(data_file.read_text())["init_args"]
+    )
