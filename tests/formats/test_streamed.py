@@ -464,9 +464,9 @@ def test_on_a_gpu_the_search_runs_there_and_finds_the_cpu_alignment(tmp_path, mo
 
     devices, correlation = set(), lmc.matching.permutation.axis_correlation
 
-    def watched(source, target, axes, size):
-        devices.update(source[name].device.type for name, _ in axes)
-        return correlation(source, target, axes, size)
+    def watched(source, target, permutation):
+        devices.update(source[name].device.type for name, _ in permutation.axes)
+        return correlation(source, target, permutation)
 
     monkeypatch.setattr(lmc.matching.layers, "axis_correlation", watched)
     source, target = (randomize_parameters_(create_model("llama-tiny", dtype=torch.float64), seed=s) for s in (0, 1))
