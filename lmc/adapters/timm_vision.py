@@ -119,7 +119,7 @@ def _register_tokens(model: nn.Module, index: ParameterIndex) -> tuple[AxisPermu
 
     A register token enters every layer the same way wherever it sits among them: with no position
     of its own (``no_embed_class``: ``pos_embed`` covers the patches only) or with its own row of
-    ``pos_embed``, after the class token's, which then moves with it. The blocks treat every token
+    ``pos_embed``, after the class token's if there is one, which then moves with it. The blocks treat every token
     alike (no mask; RoPE turns the patches only), and the pooling reads the class token
     (``'token'``, which needs one) or averages or maxes over tokens, register tokens dropped or all
     included. So the ``R`` tokens permute among themselves, unless the output keeps every token in

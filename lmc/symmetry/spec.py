@@ -190,8 +190,6 @@ class AxisPermutation:
         name: What is permuted (for messages and reports).
         size: Number of units permuted.
         axes: ``(parameter name, axis)`` pairs.
-        offsets: ``((parameter name, axis), offset)`` for the axes of ``axes`` whose units are a
-            sub-range starting at ``offset`` (``0`` included); every other axis is whole copies.
         readers: Modules whose first positional input holds the permuted units as its last
             axis, ``(B, T, size)`` or ``(B, size)``: an FFN's output projection reads its hidden
             units, the norms on the residual stream read the stream. Activation matching
@@ -200,6 +198,8 @@ class AxisPermutation:
             long: ``k`` stacked copies): an FFN's input projections (up, and gate if gated).
             Activation matching also correlates these outputs, since a gated unit's activation
             (gate times up) does not tell its gate and up weights apart.
+        offsets: ``((parameter name, axis), offset)`` for the axes of ``axes`` whose units are a
+            sub-range starting at ``offset`` (``0`` included); every other axis is whole copies.
     """
 
     name: str
