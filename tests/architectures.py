@@ -38,6 +38,7 @@ ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "hf-vit": ("hf-vit-tiny", {}),  # transformers' ViTForImageClassification
     "hf-vit-nobias": ("hf-vit-tiny", {"qkv_bias": False, "head_dim": 4}),  # attention narrower than the stream
     "timm-vit": ("vit-tiny", {}),
+    "timm-vit-reg": ("vit-tiny", {"reg_tokens": 3}),  # register tokens with their pos_embed rows, after the class's
     "timm-rope-vit": ("rope-vit-tiny", {}),
     "timm-eva02": ("eva02-tiny", {}),
 }

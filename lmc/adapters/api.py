@@ -69,7 +69,8 @@ def random_symmetry(model: nn.Module, scope: Scope = "all_attention", seed: int 
         model: Any model with a registered adapter; it is not modified.
         scope: ``"first_attention"``, ``"all_attention"``, ``"first_block"`` (adds the first
             FFN's hidden permutation) or ``"full_model"`` (every attention layer and FFN, the
-            task heads' hidden units and the residual stream: embeddings, norms, heads, poolers).
+            task heads' hidden units, the residual stream: embeddings, norms, heads, poolers, and
+            the learned tokens: timm's register tokens).
         seed: Seed of the random group element.
     """
     spec = model_spec(model)

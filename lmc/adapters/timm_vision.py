@@ -4,7 +4,9 @@ timm fuses Q, K, V in one ``qkv`` Linear (rows ``[Q | K | V]``, head-major); EVA
 attention keeps ``q_bias``/``v_bias`` apart and has no key bias. timm's RoPE ViTs use 2-D
 axial RoPE (``RotaryEmbeddingCat``) on the patch tokens only, interleaved pairs unless
 ``rotate_half``; the class token is never rotated, which is why ``C`` must commute with every
-absolute rotation, not only the relative ones (docs/spec.md, section 2).
+absolute rotation, not only the relative ones (docs/spec.md, section 2). Two or more register
+tokens permute among themselves, with their rows of ``pos_embed`` if they have any
+(``SymmetrySpec.tokens``).
 """
 
 from __future__ import annotations
@@ -112,6 +114,35 @@ def _axial_rotary(model: nn.Module) -> RotaryLayout | None:
     return rotary_from_cos_sin("axial", pairs, cos[:, first], sin[:, first])
 
 
+def _register_tokens(model: nn.Module, index: ParameterIndex) -> tuple[AxisPermutation | None, list[FixedAxes]]:
+    """The permutation of timm's register tokens, or why they cannot permute (docs/spec.md, section 2).
+
+    A register token enters every layer the same way wherever it sits among them: with no position
+    of its own (``no_embed_class``: ``pos_embed`` covers the patches only) or with its own row of
+    ``pos_embed``, after the class token's if there is one, which then moves with it. The blocks treat every token
+    alike (no mask; RoPE turns the patches only), and the pooling reads the class token
+    (``'token'``, which needs one) or averages or maxes over tokens, register tokens dropped or all
+    included. So the ``R`` tokens permute among themselves, unless the output keeps every token in
+    its place (``global_pool=''``). ``attn_pool`` is refused before this is asked.
+
+    Returns:
+        ``(tokens, fixed_axes)``: the permutation (``None`` with fewer than two register tokens or
+        with every token output), and the register axis fixed by the output's token positions, if so.
+    """
+    count = model.reg_token.shape[1] if index.optional("reg_token") else 0
+    if count < 2:
+        return None, []
+    if not model.global_pool:
+        return None, [FixedAxes("positions", (("reg_token", 1),))]
+    axes: tuple[tuple[str, int], ...] = (("reg_token", 1),)
+    offsets: tuple[tuple[tuple[str, int], int], ...] = ()
+    if index.optional("pos_embed") and not model.no_embed_class:
+        rows = ("pos_embed", 1)  # [class token's row, if any | R register rows | patches']
+        axes += (rows,)
+        offsets = ((rows, int(index.optional("cls_token") is not None)),)
+    return AxisPermutation("reg_token", count, axes, offsets=offsets), []
+
+
 def _vision_spec(
     model: nn.Module,
     rotary: RotaryLayout | None,
@@ -154,13 +185,19 @@ def _vision_spec(
     residual += index.elementwise("norm") + index.elementwise("fc_norm") + index.linear_reads("head")
     # Every norm on the stream reads it; ``norm`` is an Identity under fc_norm and still reads it.
     readers = tuple(f"blocks.{i}.norm{k}" for i in range(len(blocks)) for k in (1, 2)) + ("norm",)
+    tokens, fixed_tokens = _register_tokens(model, index)
     fixed_axes = (
         FixedAxes("inputs", tuple(index.axes(*(("patch_embed.proj.weight", k) for k in (1, 2, 3))))),
+        # Register tokens' rows, if any, move with their tokens; the class token's and the patches' stay.
         FixedAxes("positions", tuple(index.axes(("pos_embed", 1)))),
         FixedAxes("classes", tuple(index.linear_writes("head"))),
+        *fixed_tokens,
     )
     return SymmetrySpec(
-        tuple(blocks), AxisPermutation("residual", width, tuple(residual), readers), fixed_axes=fixed_axes
+        tuple(blocks),
+        AxisPermutation("residual", width, tuple(residual), readers),
+        tokens=tokens,
+        fixed_axes=fixed_axes,
     )
 
 

@@ -16,8 +16,8 @@ shape or dtype). The output folder is written under a temporary name and renamed
 complete (:func:`~lmc.io.atomic_output_folder`): never half-written, never over an input.
 
 Every scope streams, ``full_model`` too: the solves are the in-memory ones
-(:func:`~lmc.matching.aligner.weight_alignment`, the coordinate descent over FFN, task-head, head
-and residual permutations for ``full_model``), run on a view that reads each source tensor
+(:func:`~lmc.matching.aligner.weight_alignment`, the coordinate descent over FFN, task-head, token,
+head and residual permutations for ``full_model``), run on a view that reads each source tensor
 through the group element found so far, so no model is ever held whole: a residual step reads
 every tensor once and keeps only the ``d x d`` correlation, an FFN step that FFN's tensors.
 Every transform is applied to a tensor read as stored, so the aligned weights equal in-memory
@@ -289,6 +289,7 @@ def _on_cpu(transform: ModelTransform) -> ModelTransform:
         feed_forward={i: perm.cpu() for i, perm in transform.feed_forward.items()},
         task_heads={i: perm.cpu() for i, perm in transform.task_heads.items()},
         residual=None if transform.residual is None else transform.residual.cpu(),
+        tokens=None if transform.tokens is None else transform.tokens.cpu(),
     )
 
 
@@ -302,6 +303,7 @@ class _AlignedTensors:
         permutations = [spec.blocks[i].feed_forward.hidden for i in transform.feed_forward]
         permutations += [spec.task_heads[i] for i in transform.task_heads]
         permutations += [spec.residual] if transform.residual is not None else []
+        permutations += [spec.tokens] if transform.tokens is not None else []
         self.moved = {name for permutation in permutations for name, _ in permutation.axes}
         attention = {name for i in transform.attention for name in spec.blocks[i].attention.parameters}
         self.moved |= attention

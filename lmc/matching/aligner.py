@@ -1,7 +1,8 @@
 """The state of one in-memory alignment: the working copy, the target, the accumulated group element.
 
 :func:`~lmc.matching.align` drives it: Stage 1 and 2 per attention layer, weight or activation
-matching of FFN units, and for ``full_model`` coordinate descent over every permutation.
+matching of FFN units, and for ``full_model`` coordinate descent over every permutation (the learned
+tokens' by weight, whatever the unit matching).
 """
 
 from __future__ import annotations
@@ -135,11 +136,24 @@ class WeightDescent:
             self.apply(ModelTransform(task_heads={index: perm}))
         return perm is not None
 
+    def permute_tokens(self) -> bool:
+        tokens = self.spec.tokens
+        perm = self.best_permutation(tokens, tokens.axes)
+        if perm is not None:
+            self.apply(ModelTransform(tokens=perm))
+        return perm is not None
+
     def permute_residual(self, axes) -> bool:
         perm = self.best_permutation(self.spec.residual, axes)
         if perm is not None:
             self.apply(ModelTransform(residual=perm))
         return perm is not None
+
+    def record_tokens(self, seconds: float) -> None:
+        """Report the token permutation found so far (the identity if none)."""
+        tokens, perm = self.spec.tokens, self.report.transform.tokens
+        perm = torch.arange(tokens.size) if perm is None else perm
+        self.record_permutation(tokens.name, "tokens", perm, tokens.axes, seconds)
 
     def record_permutation(self, name: str, kind: str, perm: torch.Tensor, axes, seconds: float) -> None:
         """Report one permutation and the distance over ``axes`` before and after it."""
@@ -270,6 +284,8 @@ class Aligner(WeightDescent):
         once, independently. Its correlations add up over every signal that carries the units: the
         inputs of the modules that read them (the residual stream: every norm on it) and the outputs
         of those that write them (an FFN's up and gate projections, each stacked copy alike).
+        The learned tokens (``spec.tokens``) are parameters, the same for every input: they are
+        matched by weight once the residual stream is.
         """
         start = time.perf_counter()
         permutations = {("feed_forward", i): self.spec.blocks[i].feed_forward.hidden for i in feed_forward}
@@ -277,8 +293,15 @@ class Aligner(WeightDescent):
             permutations |= {("task_head", i): head for i, head in enumerate(self.spec.task_heads)}
             if self.spec.residual is not None:
                 permutations["residual", 0] = self.spec.residual
-        if not permutations:
-            return
+        if permutations:
+            self.correlate_units(permutations, start)
+        if whole and self.spec.tokens is not None:
+            start = time.perf_counter()
+            self.permute_tokens()
+            self.record_tokens(time.perf_counter() - start)
+
+    def correlate_units(self, permutations: dict[tuple[str, int], AxisPermutation], start: float) -> None:
+        """Solve and apply ``permutations`` (``(kind, index) -> units``) by activation, timed from ``start``."""
         modules, outputs, signals = {}, set(), {}
         for key, permutation in permutations.items():
             if not permutation.readers + permutation.writers:
@@ -316,9 +339,11 @@ class Aligner(WeightDescent):
 
 
 def residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
-    """Residual axes of parameters no other symmetry moves (anchors), and those of FFN and task-head parameters."""
+    """Residual axes of parameters no other symmetry moves (anchors), and those of parameters an FFN, task-head
+    or token permutation also moves."""
     moved = {slot.parameter for layer in spec.attention for slot in layer.slots}
     hidden = [block.feed_forward.hidden for block in spec.blocks if block.feed_forward] + list(spec.task_heads)
+    hidden += [spec.tokens] if spec.tokens is not None else []
     through_hidden = {name for permutation in hidden for name, _ in permutation.axes}
     anchors = [(n, a) for n, a in spec.residual.axes if n not in moved and n not in through_hidden]
     return anchors, [(n, a) for n, a in spec.residual.axes if n in through_hidden]
@@ -327,7 +352,7 @@ def residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
 def coordinate_descent(
     aligner: WeightDescent, spec: SymmetrySpec, attention: list[int], feed_forward: list[int]
 ) -> None:
-    """Residual, FFN, task-head and head permutations for ``full_model``, each solved with the rest fixed."""
+    """Residual, FFN, task-head, token and head permutations for ``full_model``, each solved with the rest fixed."""
     start = time.perf_counter()
     anchors, through_hidden = residual_axes(spec) if spec.residual is not None else ([], [])
     if spec.residual is not None:
@@ -338,6 +363,8 @@ def coordinate_descent(
             changed |= aligner.permute_feed_forward(index)
         for index in range(len(spec.task_heads)):
             changed |= aligner.permute_task_head(index)
+        if spec.tokens is not None:
+            changed |= aligner.permute_tokens()
         for index in attention:
             changed |= aligner.permute_heads(index)
         if spec.residual is not None:
@@ -353,6 +380,8 @@ def coordinate_descent(
     for index, hidden in enumerate(spec.task_heads):
         perm = transform.task_heads.get(index, torch.arange(hidden.size))
         aligner.record_permutation(hidden.name, "task_head", perm, hidden.axes, seconds)
+    if spec.tokens is not None:
+        aligner.record_tokens(seconds)
     if spec.residual is not None:
         perm = torch.arange(spec.residual.size) if transform.residual is None else transform.residual
         aligner.record_permutation("residual", "residual", perm, spec.residual.axes, seconds)

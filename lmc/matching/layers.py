@@ -165,12 +165,12 @@ def match_units(
 
     Args:
         source, target: Parameters holding (at least) the tensors of ``permutation.axes``, by name.
-        permutation: The units (an FFN's hidden units, a task head's, the residual stream).
+        permutation: The units (an FFN's hidden units, a task head's, the residual stream, the learned tokens).
 
     Returns:
         ``perm`` ``(size,)``: source unit ``perm[k]`` goes to position ``k``.
     """
-    correlation = axis_correlation(source, target, permutation.axes, permutation.size)
+    correlation = axis_correlation(source, target, permutation)
     dtype = next(iter(source[name] for name, _ in permutation.axes)).dtype
     require_finite(bool(torch.isfinite(correlation).all()), f"{permutation.name}: the weight correlation", dtype)
     return best_permutation(correlation)

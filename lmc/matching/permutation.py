@@ -7,12 +7,12 @@ maximizes ``sum_(W, axis) <P W, W'>`` is a linear assignment on the correlation 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from lmc.symmetry import compute_dtype
+from lmc.symmetry import AxisPermutation, compute_dtype
 
 #: Entries of a tensor converted to a wider dtype at once (64 MB of float32): an 8B model's
 #: embedding is never copied whole in float32 or float64.
@@ -27,18 +27,21 @@ def squared_distance(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def axis_correlation(
-    source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], axes: Iterable[tuple[str, int]], size: int
+    source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], permutation: AxisPermutation
 ) -> torch.Tensor:
     """``S[a, b] = sum over (parameter, axis) of <slice a of source, slice b of target>``, ``(size, size)``.
 
-    An axis ``k * size`` long holds ``k`` stacked copies; their correlations add up. Each product
-    runs in :func:`~lmc.symmetry.compute_dtype` of the parameter's dtype, over at most
-    :data:`CHUNK_ENTRIES` entries of each at a time, and the products add up in float64.
+    Over the permutation's axes and units only (:meth:`~lmc.symmetry.AxisPermutation.span`): an axis
+    ``k * size`` long holds ``k`` stacked copies, whose correlations add up, and the entries outside a
+    sub-range are left out. Each product runs in :func:`~lmc.symmetry.compute_dtype` of the parameter's
+    dtype, over at most :data:`CHUNK_ENTRIES` entries of each at a time, and the products add up in float64.
     """
+    size = permutation.size
     correlation = torch.zeros(size, size, dtype=torch.float64)
-    for name, axis in axes:
-        a = source[name].detach().movedim(axis, 0)
-        b = target[name].detach().movedim(axis, 0)
+    for name, axis in permutation.axes:
+        units = slice(*permutation.span((name, axis), source[name].shape[axis]))
+        a = source[name].detach().movedim(axis, 0)[units]
+        b = target[name].detach().movedim(axis, 0)[units]
         copies = a.shape[0] // size
         a = a.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
         b = b.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)

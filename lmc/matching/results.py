@@ -32,8 +32,8 @@ class LayerAlignment:
     """What alignment did to one layer.
 
     Attributes:
-        name: Module path (attention, FFN, task head) or ``"residual"``.
-        kind: ``"attention"``, ``"feed_forward"``, ``"task_head"`` or ``"residual"``.
+        name: Module path (attention, FFN, task head), ``"residual"`` or the learned tokens' name.
+        kind: ``"attention"``, ``"feed_forward"``, ``"task_head"``, ``"residual"`` or ``"tokens"``.
         assignment: Target index of each source head / hidden unit / coordinate.
         kv_assignment: Target KV head of each source KV head (attention only).
         stage1_cost: The ``h x h`` Stage 1 cost of the final pass (attention only).
@@ -62,7 +62,7 @@ class AlignmentReport:
         compute_dtype: The dtype of the Gram matrices and transforms (``float32`` for half-precision
             weights); Stage 1 costs and the per-head Stage 2 problems are solved in ``float64``.
         check_rtol: The probe tolerance applied: ``options.check_rtol``, or :data:`PROBE_RTOL` of ``dtype``.
-        layers: One entry per aligned attention layer, FFN, task head and the residual stream.
+        layers: One entry per aligned attention layer, FFN, task head, the residual stream and the learned tokens.
         transform: The group element mapping the source's weights to the aligned ones.
         distance: Distance to the target over the scope's parameters, ``naive`` and ``aligned``.
         probe_relative_error: ``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` on the probe.

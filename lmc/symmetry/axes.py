@@ -1,7 +1,7 @@
 """Every parameter axis explained: which group acts on it, or why none does (docs/spec.md, section 2).
 
-A spec says where its groups act (the head slots of each attention layer, the FFN, task-head and
-residual permutations) and, in ``SymmetrySpec.fixed_axes``, which axes no group acts on and why
+A spec says where its groups act (the head slots of each attention layer, the FFN, task-head,
+residual and token permutations) and, in ``SymmetrySpec.fixed_axes``, which axes no group acts on and why
 (:data:`~lmc.symmetry.spec.FixedReason`). Four more reasons follow from the spec itself:
 
 - ``constant``: every axis of an architectural constant (``SymmetrySpec.fixed``);
@@ -51,8 +51,8 @@ class AxisRole:
     """What explains one parameter axis under a scope: a group that acts on it, or a reason none does.
 
     Attributes:
-        group: Name of the acting group (an attention layer's, an FFN's, a task head's or
-            ``"residual"``), or ``None``.
+        group: Name of the acting group (an attention layer's, an FFN's, a task head's,
+            ``"residual"`` or the token permutation's), or ``None``.
         reason: Why no group of the scope acts on it, a key of :data:`REASONS`, or ``None``.
     """
 
@@ -83,8 +83,19 @@ def _head_axes(layer: AttentionSpec, shapes: Mapping[str, Sequence[int]]) -> set
 
 
 def _permuted_axes(permutation: AxisPermutation, shapes: Mapping[str, Sequence[int]]) -> set[Axis]:
-    """The axes the permutation moves whole: ``k`` stacked copies of its ``size`` units."""
-    return {axis for axis in permutation.axes if (n := _length(shapes, axis)) and n % permutation.size == 0}
+    """The axes the permutation moves whole: ``k`` stacked copies of its ``size`` units, no entry left in place.
+
+    An axis it moves in part (a sub-range, ``AxisPermutation.offsets``) is explained by what fixes the rest.
+    """
+    moved = set()
+    for axis in permutation.axes:
+        length = _length(shapes, axis)
+        try:
+            if permutation.span(axis, length) == (0, length):
+                moved.add(axis)
+        except ValueError:  # the units do not fit the axis: it stays unexplained
+            continue
+    return moved
 
 
 def explain_axes(spec: SymmetrySpec, scope: Scope, shapes: Mapping[str, Sequence[int]]) -> dict[Axis, AxisRole]:
@@ -116,6 +127,8 @@ def explain_axes(spec: SymmetrySpec, scope: Scope, shapes: Mapping[str, Sequence
     groups += [(head.name, whole, _permuted_axes(head, shapes)) for head in spec.task_heads]
     if spec.residual is not None:
         groups.append((spec.residual.name, whole, _permuted_axes(spec.residual, shapes)))
+    if spec.tokens is not None:
+        groups.append((spec.tokens.name, whole, _permuted_axes(spec.tokens, shapes)))
 
     declared = {axis: fixed.reason for fixed in spec.fixed_axes for axis in fixed.axes}
     declared |= {

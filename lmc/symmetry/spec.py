@@ -182,11 +182,13 @@ class AxisPermutation:
     ``new.index_select(axis, perm)`` is applied to every ``(parameter, axis)`` pair: a
     hidden unit (or residual coordinate) moves together everywhere it appears. An axis
     ``k * size`` long holds ``k`` stacked copies (a fused ``[up | gate]`` projection) and
-    each copy is permuted alike.
+    each copy is permuted alike. An axis listed in ``offsets`` holds one copy at entries
+    ``offset .. offset + size - 1`` and keeps its other entries in place (the register tokens'
+    rows of a ViT's ``pos_embed``, after the class token's row and before the patches').
 
     Attributes:
         name: What is permuted (for messages and reports).
-        size: Length of the permuted axis.
+        size: Number of units permuted.
         axes: ``(parameter name, axis)`` pairs.
         readers: Modules whose first positional input holds the permuted units as its last
             axis, ``(B, T, size)`` or ``(B, size)``: an FFN's output projection reads its hidden
@@ -196,6 +198,8 @@ class AxisPermutation:
             long: ``k`` stacked copies): an FFN's input projections (up, and gate if gated).
             Activation matching also correlates these outputs, since a gated unit's activation
             (gate times up) does not tell its gate and up weights apart.
+        offsets: ``((parameter name, axis), offset)`` for the axes of ``axes`` whose units are a
+            sub-range starting at ``offset`` (``0`` included); every other axis is whole copies.
     """
 
     name: str
@@ -203,6 +207,39 @@ class AxisPermutation:
     axes: tuple[tuple[str, int], ...]
     readers: tuple[str, ...] = ()
     writers: tuple[str, ...] = ()
+    offsets: tuple[tuple[tuple[str, int], int], ...] = ()
+
+    def span(self, axis: tuple[str, int], length: int) -> tuple[int, int]:
+        """The entries ``[start, stop)`` the units occupy on ``axis``, ``length`` entries long.
+
+        Raises:
+            ValueError: The units do not fit: a sub-range running past the axis's end, or a whole
+                axis that is not a multiple of ``size`` long.
+        """
+        offsets = dict(self.offsets)
+        if axis in offsets:
+            start = offsets[axis]
+            if start < 0 or start + self.size > length:
+                raise ValueError(
+                    f"{self.name}: {axis[0]} has {length} entries on axis {axis[1]}, "
+                    f"too few for {self.size} units from entry {start}"
+                )
+            return start, start + self.size
+        if length == 0 or length % self.size:
+            raise ValueError(
+                f"{self.name}: {axis[0]} has {length} entries on axis {axis[1]}, not a multiple of {self.size}"
+            )
+        return 0, length
+
+    def index(self, axis: tuple[str, int], length: int, perm: torch.Tensor) -> torch.Tensor:
+        """The index ``(length,)`` that moves ``axis`` by ``perm`` ``(size,)``: ``new = old.index_select(axis, index)``.
+
+        Each stacked copy of the units is permuted alike; entries outside the units keep their place.
+        """
+        start, stop = self.span(axis, length)
+        index = torch.arange(length)
+        index[start:stop] = torch.cat([perm.cpu() + first for first in range(start, stop, self.size)])
+        return index
 
 
 @dataclass(frozen=True)
@@ -257,9 +294,15 @@ class SymmetrySpec:
             of their own (BERT's tanh pooler, RoFormer's classifier MLP), and an embedding
             space read by a projection into the stream (RoFormer with ``embedding_size !=
             hidden_size``). Only ``full_model`` moves them.
+        tokens: The permutation of learned tokens the model puts in every sequence, each reaching
+            the layers the same way whatever its place (timm's register tokens: no position of their
+            own, or their own rows of the position table, which move with them), or ``None``. Its
+            units are parameters, the same for every input, so it is matched by weight whatever the
+            unit matching. Only ``full_model`` moves it.
         fixed_axes: The axes of the model's parameters that no group acts on, each with its reason
             (vocabulary rows, class logits, position tables, pixels). With the groups above they
-            explain every axis of every parameter (:func:`lmc.symmetry.axes.unexplained_axes`).
+            explain every axis of every parameter (:func:`lmc.symmetry.axes.unexplained_axes`); an
+            axis a group moves in part (``AxisPermutation.offsets``) is declared by what fixes its other entries.
     """
 
     blocks: tuple[BlockSpec, ...]
@@ -267,6 +310,7 @@ class SymmetrySpec:
     residual_note: str = field(default="", compare=False)
     fixed: tuple[str, ...] = ()
     task_heads: tuple[AxisPermutation, ...] = ()
+    tokens: AxisPermutation | None = None
     fixed_axes: tuple[FixedAxes, ...] = ()
 
     @property
@@ -284,7 +328,7 @@ def check_scope(scope: str) -> None:
 def scope_blocks(spec: SymmetrySpec, scope: Scope) -> tuple[list[int], list[int], bool]:
     """What a scope covers: its attention layers, its FFNs and whether it is the whole model.
 
-    The whole model adds the residual-stream permutation and the task heads' hidden units.
+    The whole model adds the residual-stream permutation, the task heads' hidden units and the token permutation.
     """
     check_scope(scope)
     every = list(range(len(spec.blocks)))

@@ -163,31 +163,27 @@ def permute_axes(
         if partial and name not in parameters:
             continue
         parameter = parameters[name]
-        copies, remainder = divmod(parameter.shape[axis], permutation.size)
-        if remainder or not copies:
-            raise ValueError(
-                f"{permutation.name}: {name} has {parameter.shape[axis]} entries on axis {axis}, "
-                f"not a multiple of {permutation.size}"
-            )
-        stacked = torch.cat([perm + k * permutation.size for k in range(copies)])
-        parameter.copy_(parameter.index_select(axis, stacked.to(parameter.device)))
+        index = permutation.index((name, axis), parameter.shape[axis], perm)
+        parameter.copy_(parameter.index_select(axis, index.to(parameter.device)))
 
 
 @dataclass
 class ModelTransform:
-    """A symmetry of a whole model: attention elements per layer, FFN, task-head and residual permutations.
+    """A symmetry of a whole model: attention elements per layer, FFN, task-head, residual and token permutations.
 
     Attributes:
         attention: Layer index -> element; absent layers are left unchanged.
         feed_forward: Block index -> permutation of the FFN's hidden units.
         task_heads: Index into ``spec.task_heads`` -> permutation of that head's hidden units.
         residual: Permutation of the residual stream, or ``None``.
+        tokens: Permutation of the learned tokens (``spec.tokens``), or ``None``.
     """
 
     attention: dict[int, AttentionTransform] = field(default_factory=dict)
     feed_forward: dict[int, torch.Tensor] = field(default_factory=dict)
     task_heads: dict[int, torch.Tensor] = field(default_factory=dict)
     residual: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
 
     def compose(self, then: ModelTransform, spec: SymmetrySpec) -> ModelTransform:
         """The transform ``then o self``: apply ``self`` first, then ``then``."""
@@ -210,6 +206,7 @@ class ModelTransform:
             chain_each(self.feed_forward, then.feed_forward),
             chain_each(self.task_heads, then.task_heads),
             chain(self.residual, then.residual),
+            chain(self.tokens, then.tokens),
         )
 
     def apply_(self, parameters: Mapping[str, torch.Tensor], spec: SymmetrySpec, partial: bool = False) -> None:
@@ -238,6 +235,10 @@ class ModelTransform:
             if spec.residual is None:
                 raise ValueError(f"this model has no residual-stream symmetry: {spec.residual_note}")
             permute_axes(parameters, spec.residual, self.residual, partial)
+        if self.tokens is not None:
+            if spec.tokens is None:
+                raise ValueError("this model has no learned tokens that permute")
+            permute_axes(parameters, spec.tokens, self.tokens, partial)
 
 
 def sample_attention_transform(
@@ -276,4 +277,6 @@ def sample_transform(spec: SymmetrySpec, scope: Scope, generator: torch.Generato
             transform.task_heads[i] = torch.randperm(head.size, generator=generator)
         if spec.residual is not None:
             transform.residual = torch.randperm(spec.residual.size, generator=generator)
+        if spec.tokens is not None:
+            transform.tokens = torch.randperm(spec.tokens.size, generator=generator)
     return transform

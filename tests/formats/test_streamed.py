@@ -169,6 +169,28 @@ def test_a_planted_pair_is_recovered_exactly(tmp_path):
         torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-12)
 
 
+def test_register_tokens_with_their_position_rows_are_streamed_like_in_memory(tmp_path):
+    from lmc.adapters import apply_transform, model_spec
+    from lmc.symmetry import sample_transform
+
+    source = randomize_parameters_(create_model("vit-tiny", dtype=torch.float64, reg_tokens=3), seed=0)
+    spec = model_spec(source)
+    planted = sample_transform(spec, "full_model", torch.Generator().manual_seed(5))
+    planted.tokens = torch.tensor([1, 2, 0])  # rows 1-3 of pos_embed move with them, row 0 is the class token's
+    target = apply_transform(source, planted, spec)
+    report = align_directories(
+        save(source, tmp_path / "s", False), save(target, tmp_path / "t", False), tmp_path / "out", "full_model"
+    )
+    _, expected = align(source, target, "full_model")
+    assert [(layer.name, layer.kind, layer.assignment) for layer in report.layers] == [
+        (e.name, e.kind, e.assignment) for e in expected.layers
+    ]
+    assert torch.equal(report.transform.tokens, planted.tokens)
+    written = load(source, tmp_path / "out" / "aligned", torch.float64).state_dict()
+    for parameter_name, value in target.state_dict().items():  # float64 rounding only
+        torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-12)
+
+
 def _pythia_config(folder: Path) -> None:
     """Rewrite a GPT-NeoX folder's config.json as the Pythia checkpoints on the Hub have it (transformers 4.24)."""
     config = json.loads((folder / "config.json").read_text())
@@ -464,9 +486,9 @@ def test_on_a_gpu_the_search_runs_there_and_finds_the_cpu_alignment(tmp_path, mo
 
     devices, correlation = set(), lmc.matching.permutation.axis_correlation
 
-    def watched(source, target, axes, size):
-        devices.update(source[name].device.type for name, _ in axes)
-        return correlation(source, target, axes, size)
+    def watched(source, target, permutation):
+        devices.update(source[name].device.type for name, _ in permutation.axes)
+        return correlation(source, target, permutation)
 
     monkeypatch.setattr(lmc.matching.layers, "axis_correlation", watched)
     source, target = (randomize_parameters_(create_model("llama-tiny", dtype=torch.float64), seed=s) for s in (0, 1))

@@ -113,7 +113,10 @@ def test_an_axis_declared_fixed_that_the_model_lacks_is_refused():
         explain_axes(wrong, "full_model", shapes)
 
 
-def test_timm_register_tokens_are_named_as_a_symmetry_the_spec_leaves_out():
+def test_timm_register_tokens_without_their_permutation_leave_exactly_their_axis():
     model = create_model("vit-tiny", dtype=torch.float64, reg_tokens=2, no_embed_class=True)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    assert unexplained_axes(model_spec(model), "full_model", shapes) == [("reg_token", 1)]
+    spec = model_spec(model)
+    assert unexplained_axes(spec, "full_model", shapes) == []
+    assert explain_axes(spec, "full_model", shapes)[("reg_token", 1)].group == "reg_token"
+    assert unexplained_axes(dataclasses.replace(spec, tokens=None), "full_model", shapes) == [("reg_token", 1)]

@@ -39,6 +39,7 @@ EXPECTED = {
     "hf-vit": ("absolute", None, 4, 4, 8, "GL", 64),
     "hf-vit-nobias": ("absolute", None, 4, 4, 4, "GL", 16),
     "timm-vit": ("absolute", None, 4, 4, 8, "GL", 64),
+    "timm-vit-reg": ("absolute", None, 4, 4, 8, "GL", 64),
     "timm-rope-vit": ("rope", "axial", 4, 4, 8, "H", 8),
     "timm-eva02": ("rope", "axial", 4, 4, 8, "H", 8),
 }

@@ -56,6 +56,8 @@ def transformed_parameters(model: nn.Module, scope: str) -> set[str]:
     names |= {name for i in transform.task_heads for name, _ in spec.task_heads[i].axes}
     if transform.residual is not None:
         names |= {name for name, _ in spec.residual.axes}
+    if transform.tokens is not None:
+        names |= {name for name, _ in spec.tokens.axes}
     return names
 
 
