@@ -66,10 +66,12 @@ from lmc.experiments.summary import (
 from lmc.experiments.table1 import (
     HEAD_ORDER_NOISE,
     HEAD_ORDERS,
+    REFINEMENT,
     head_order_noise,
     head_orders,
     picked_orders,
     summarize_head_orders,
+    summarize_refinement,
     sweep_head_orders,
 )
 from lmc.io import atomic_write, atomic_write_json, folder_lock
@@ -462,9 +464,15 @@ class Experiment:
         protocol = self.protocol
         stages = self.finetune_stages()
         pairs = {(i, j): self.finished_pair(stages, i, j) for i, j in self.pairs()}
-        summary = summarize(pairs, alignment_labels(protocol.alignment_options))
+        labels = alignment_labels(protocol.alignment_options)
+        summary = summarize(pairs, labels)
         if protocol.head_orders:
-            summary["head_orders"] = summarize_head_orders(pairs, alignment_labels(protocol.alignment_options))
+            summary["head_orders"] = summarize_head_orders(pairs, labels)
+        if {"orthogonal", "full"} <= set(labels):
+            # Read from the sweep states rather than the pairs' results, so a run whose pairs
+            # finished before this measure existed gets it too.
+            folders = {f"{i}_{j}": self.root / "pairs" / f"{i}_{j}" for i, j in self.pairs()}
+            summary[REFINEMENT] = summarize_refinement(folders, evenly_spaced(protocol.num_alphas))
         if protocol.robustness:
             summary[ROBUSTNESS] = summarize_robustness(pairs)
         datamodule = instantiate_data(stages[0].config)

@@ -397,6 +397,55 @@ def test_head_order_noise_tells_orders_apart_only_beyond_the_evaluation_noise(tm
     assert lmc.experiments.table1.head_order_noise(orders, {"a": "102"}, tmp_path, alphas) == {}
 
 
+def _write_aligned_curve(path: Path, alphas: list[float], middle: list[float], batches: bool = True) -> dict:
+    """An aligned curve of 6 batches of 10 samples, loss 1 at the end points and ``middle`` (loss sums) at 0.5,
+    written as a sweep state; returns its barriers, computed from its points."""
+    store = SweepStore(path, "k", {})
+    for index, batch_losses in enumerate([[10.0] * 6, middle, [10.0] * 6]):
+        sums = [{"count": 10.0, "loss": loss, "accuracy": 5.0} for loss in batch_losses]
+        point = {"alpha": alphas[index], "loss": sum(batch_losses) / 60, "accuracy": 0.5}
+        store.put("aligned", index, point, True, sums if batches else None)
+    return barriers([store.get("aligned", index) for index in range(3)])
+
+
+def test_refinement_noise_tells_a_rise_or_a_fall_from_the_evaluation_noise(tmp_path):
+    alphas = [0.0, 0.5, 1.0]
+    start = [10.0, 21.0] * 3  # barrier 0.55, 1.1 nats between the batches
+    refined = {
+        "higher": [15.0, 26.0] * 3,  # 0.5 nats above the start on every batch
+        "lower": [7.0, 18.0] * 3,  # 0.3 nats below on every batch
+        "within_noise": [22.0, 10.0] * 3,  # 0.05 nats above on average, +-1.15 nats per batch
+    }
+    barrier_gaps = {}
+    for pair, middle in refined.items():
+        orthogonal = _write_aligned_curve(tmp_path / pair / "orthogonal" / "lmc_sweep_state_0.json", alphas, start)
+        full = _write_aligned_curve(tmp_path / pair / "full" / "lmc_sweep_state_0.json", alphas, middle)
+        barrier_gaps[pair] = {name: full[name] - orthogonal[name] for name in ("loss_barrier", "accuracy_barrier")}
+    noise = {pair: lmc.experiments.table1.refinement_noise(tmp_path / pair, alphas) for pair in refined}
+    for pair, entry in noise.items():
+        for name, gap in barrier_gaps[pair].items():
+            assert entry[name]["gap"] == pytest.approx(gap, abs=1e-12), (pair, name)
+    higher, lower, tied = (noise[pair]["loss_barrier"] for pair in refined)
+    assert higher["gap"] == pytest.approx(0.5, abs=1e-12) and higher["gap_std"] == pytest.approx(0.0, abs=1e-12)
+    assert higher["raised"] and not higher["lowered"]
+    assert lower["gap"] == pytest.approx(-0.3, abs=1e-12) and lower["lowered"] and not lower["raised"]
+    # A rise of 0.05 nats against 1.15 nats between the batches, 6 per draw: 1.15 / sqrt(6) = 0.47.
+    assert tied["gap"] == pytest.approx(0.05, abs=1e-12) and not tied["raised"] and not tied["lowered"]
+    assert 0.35 < tied["gap_std"] < 0.6
+    flat = noise["higher"]["accuracy_barrier"]  # both accuracy curves are flat: no gap, no noise
+    assert flat == {"gap": 0.0, "gap_std": 0.0, "raised": False, "lowered": False}
+
+    # Without a curve's batches (a distributed evaluation), no noise is claimed; the summary counts the rest.
+    _write_aligned_curve(tmp_path / "unrecorded" / "orthogonal" / "lmc_sweep_state_0.json", alphas, start)
+    _write_aligned_curve(tmp_path / "unrecorded" / "full" / "lmc_sweep_state_0.json", alphas, start, batches=False)
+    assert lmc.experiments.table1.refinement_noise(tmp_path / "unrecorded", alphas) == {}
+    folders = {pair: tmp_path / pair for pair in [*refined, "unrecorded"]}
+    summary = lmc.experiments.table1.summarize_refinement(folders, alphas)
+    assert summary["per_pair"] == noise
+    assert summary["loss_barrier"] == {"pairs": 3, "raised": 2, "raised_beyond_noise": 1, "lowered_beyond_noise": 1}
+    assert summary["accuracy_barrier"]["raised_beyond_noise"] == 0 and summary["resamples"] == 1000
+
+
 @pytest.mark.slow
 def test_head_orders_rank_every_order_of_the_first_layer(tmp_path):
     config = _config(tmp_path, seeds=2, num_alphas=2, head_orders=True, alignments=[{"method": "full"}])

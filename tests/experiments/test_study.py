@@ -356,6 +356,42 @@ def test_table1_has_a_column_only_for_the_variants_run():
     )
 
 
+def test_the_refinement_line_weighs_each_rise_against_the_evaluation_noise():
+    from lmc.experiments.table1 import refinement_lines
+
+    def alignment(loss_barriers: dict[str, float]) -> dict:
+        return {"per_pair": {pair: {"aligned": {"loss_barrier": b}} for pair, b in loss_barriers.items()}}
+
+    start = alignment({"0_1": 0.50, "0_2": 0.40, "1_2": 0.30})
+    refined = alignment({"0_1": 0.60, "0_2": 0.401, "1_2": 0.20})  # 0_1 and 0_2 raised, 1_2 lowered
+    family = Family("x", "ViT, digits", "configs/study/vit_ape.yaml")
+    summary = {"alignments": {"orthogonal": start, "full": refined}}
+    before = "- ViT, digits: the refinement (full) raised the loss barrier of its orthogonal start (Variant 2) "
+    assert refinement_lines([(family, summary)]) == [before + "in 2 of 3 pairs (0_1, 0_2)."]
+
+    def noise(gap: float, std: float, raised: bool, lowered: bool) -> dict:
+        return {"loss_barrier": {"gap": gap, "gap_std": std, "raised": raised, "lowered": lowered}}
+
+    measured = {"0_1": noise(0.1, 0.02, True, False), "0_2": noise(0.001, 0.01, False, False)}
+    summary["refinement"] = {"per_pair": measured | {"1_2": noise(-0.1, 0.02, False, True)}}
+    beyond = (
+        ", of which 1 beyond the evaluation noise (higher in at least 97.5% of 1000 bootstrap draws of the "
+        "evaluated batches: 0_1 +0.100 ± 0.020 nats), and lowered it beyond the noise in 1 of 3."
+    )
+    assert refinement_lines([(family, summary)]) == [before + "in 2 of 3 pairs (0_1, 0_2)" + beyond]
+    summary["refinement"] = {"per_pair": measured}  # 1_2's batches were not recorded
+    assert refinement_lines([(family, summary)]) == [
+        before + "in 2 of 3 pairs (0_1, 0_2)" + beyond.replace("1 of 3.", "0 of 2 (noise measured in 2 of 3 pairs).")
+    ]
+    # Nothing raised: only the falls are weighed.
+    summary["alignments"]["full"] = alignment({"0_1": 0.40, "0_2": 0.30, "1_2": 0.20})
+    summary["refinement"] = {"per_pair": {pair: noise(-0.1, 0.02, False, pair != "0_2") for pair in start["per_pair"]}}
+    assert refinement_lines([(family, summary)]) == [
+        before + "in 0 of 3 pairs, and lowered it beyond the evaluation noise (lower in at least 97.5% of 1000 "
+        "bootstrap draws of the evaluated batches) in 2 of 3."
+    ]
+
+
 @pytest.mark.slow
 def test_the_sensitivity_study_runs_in_its_tiny_form(tmp_path):
     from lmc.experiments.jobs import Cluster
