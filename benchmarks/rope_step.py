@@ -26,19 +26,21 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from lmc.configs import config_file  # noqa: E402
+
 from benchmarks.align_scaling import machine  # noqa: E402
-from lmc.experiments.demo import experiment_config
-from lmc.io import atomic_write_text
+from lmc.io import atomic_write_text  # noqa: E402
 from lmc.models import create_model  # noqa: E402
 from lmc.models.reference import Attention, ReferenceTransformer  # noqa: E402
 
-# The main job's model and batch, positional encoding left to each variant.
-_MAIN_JOB = experiment_config("APE", Path("."), (1, 1))
-MODEL = {k: v for k, v in _MAIN_JOB["model"]["model_config"].items() if k != "pe"}
-BATCH_SIZE = _MAIN_JOB["data"]["init_args"]["batch_size"]
+# The main job's model and batch (its packaged config files), positional encoding left to each variant.
+_MODEL_CONFIG = yaml.safe_load(config_file("configs/model/reference_vit_ape.yaml").read_text())["model_config"]
+MODEL = {k: v for k, v in _MODEL_CONFIG.items() if k != "pe"}
+BATCH_SIZE = yaml.safe_load(config_file("configs/data/digits.yaml").read_text())["init_args"]["batch_size"]
 DIGITS = dict(image_size=8, in_channels=1, num_classes=10)  # what the digits data module sizes the model to
 APE = "APE (learned)"
 VARIANTS: dict[str, tuple[dict, bool]] = {  # name: (config overrides, time the rotation from before this change)

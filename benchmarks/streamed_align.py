@@ -27,6 +27,7 @@ hand; ``--render`` renders the Markdown again from the JSON, measuring nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -191,10 +192,9 @@ def measure_full_floor(source: str, target: str) -> dict:
         source_part, target_part = ({n: c[n] for n in names} for c in checkpoints)
         if block is not None:
             LayerGrams.compute(source_part, target_part, block.attention)
-            hidden = block.feed_forward.hidden
-            axis_correlation(source_part, target_part, hidden.axes, hidden.size)
-        axes = [pair for name in names for pair in residual.get(name, [])]
-        axis_correlation(source_part, target_part, axes, spec.residual.size)
+            axis_correlation(source_part, target_part, block.feed_forward.hidden)
+        axes = tuple(pair for name in names for pair in residual.get(name, []))
+        axis_correlation(source_part, target_part, dataclasses.replace(spec.residual, axes=axes))
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss()}
 
 
