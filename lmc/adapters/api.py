@@ -27,8 +27,9 @@ def describe(model: nn.Module) -> list[dict[str, Any]]:
     Keys: ``name``, ``pe`` (``"none"`` | ``"absolute"`` | ``"rope"``), ``rope_layout``
     (``None`` | ``"half"`` | ``"interleaved"`` | ``"axial"``), ``num_heads``, ``num_kv_heads``,
     ``head_dim``, ``width``, ``rotary_dim`` (rotated coordinates per head, 0 without RoPE),
-    ``qk_group`` (``"GL"`` | ``"H"``), ``qk_group_dim`` (its dimension: ``head_dim**2`` for GL,
-    ``head_dim`` for a full H) and ``vo_group`` (``"GL"``).
+    ``qk_group`` (``"GL"`` | ``"H"`` | ``"signs"``: sign flips of the rotary pairs under a QK-norm),
+    ``qk_group_dim`` (its dimension: ``head_dim**2`` for GL, ``head_dim`` for a full H, 0 for the
+    signs) and ``vo_group`` (``"GL"``).
     """
     layers = []
     for layer in model_spec(model).attention:
