@@ -24,11 +24,13 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from lmc.adapters import model_spec
 from lmc.cli.inputs import data_module
 from lmc.connectivity.interpolation import barriers, evaluate, evenly_spaced, point_metrics
 from lmc.connectivity.measure import training_calibration
 from lmc.io import atomic_write_json, atomic_write_text
 from lmc.matching import AlignOptions, align
+from lmc.symmetry import read_attention
 from lmc.training.module import load_trained
 
 RESULTS = Path(__file__).parent / "results" / "refinement_objective"
@@ -61,6 +63,25 @@ def loss_barrier(module, source: torch.nn.Module, batches: list[dict[str, torch.
     return barriers(points)["loss_barrier"]
 
 
+@torch.no_grad()
+def midpoint_product_deviation(aligned: torch.nn.Module, target: torch.nn.Module) -> float:
+    """``sum_i ||Q_m^i K_m^iT - mean(Q^i K^iT)||^2 + ||V_m^i O_m^i - mean(V^i O^i)||^2`` of the first attention
+    layer: the products its heads compute at the midpoint against the mean of the end points' products
+    (the cross terms ``Q_A K_B^T``, ``V_A O_B`` and the like, which the weight objective does not weigh)."""
+    layer = model_spec(target).attention[0]
+    ends = [read_attention({n: p.double() for n, p in m.named_parameters()}, layer) for m in (aligned, target)]
+    group = layer.queries_per_kv
+    deviation = 0.0
+    for head in range(layer.num_heads):
+        kv = head // group
+        pieces = [(w.query[head], w.key[kv], w.value[kv], w.out[head]) for w in ends]
+        q, k, v, o = ((a + b) / 2 for a, b in zip(*pieces))
+        mean_qk = sum(a[0] @ a[1].T for a in pieces) / 2
+        mean_vo = sum(a[2] @ a[3] for a in pieces) / 2
+        deviation += float((q @ k.T - mean_qk).pow(2).sum() + (v @ o - mean_vo).pow(2).sum())
+    return deviation
+
+
 def write_report(results: dict) -> None:
     lines = [
         "# Stage 2 at a fixed Stage 1 order: the refinement against its orthogonal start",
@@ -70,7 +91,8 @@ def write_report(results: dict) -> None:
         "L-BFGS refinement stopped after 1, 3, 10 and 30 steps (30: lmc's `full`), and the refinement of",
         "the data objective (`objective=data`, 8 training batches of the fine-tuning half). In brackets: the",
         "first attention layer's distance to the target after each setting, in the setting's own objective",
-        "(weights, or the projections' outputs for `objective=data`), which its refinement lowers.",
+        "(weights, or the projections' outputs for `objective=data`), which its refinement lowers. The second",
+        "table: the midpoint's head products against the mean of the end points' (`midpoint_product_deviation`).",
         "",
     ]
     for name, family in results.items():
@@ -87,6 +109,12 @@ def write_report(results: dict) -> None:
             spread = statistics.stdev(values) if len(values) > 1 else float("nan")
             means.append(f"{statistics.mean(values):.1f} ± {spread:.1f} %")
         lines.append("| mean ± std | | " + " | ".join(means) + " |")
+        lines += ["", "| pair | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+        for pair, entry in family["pairs"].items():
+            lines.append(
+                f"| {pair} | " + " | ".join(f"{entry['product_deviation'][label]:.2f}" for label in labels) + " |"
+            )
+        lines.append("")
         start = {pair: entry["ratio"]["orthogonal"] for pair, entry in family["pairs"].items()}
         for label in labels[1:]:
             higher = [pair for pair, entry in family["pairs"].items() if entry["ratio"][label] > start[pair]]
@@ -116,11 +144,12 @@ def main() -> None:
     for i, j in itertools.combinations(range(len(modules)), 2):
         source, target = modules[i].model, modules[j]
         naive = loss_barrier(target, source, curve_batches)
-        entry = {"naive": naive, "ratio": {}, "distance": {}}
+        entry = {"naive": naive, "ratio": {}, "distance": {}, "product_deviation": {}}
         for label, options in SETTINGS.items():
             aligned, report = align(source, target.model, "first_attention", options, calibration)
             entry["ratio"][label] = 100 * loss_barrier(target, aligned, curve_batches) / naive
             entry["distance"][label] = report.layers[0].distance[options.method]
+            entry["product_deviation"][label] = midpoint_product_deviation(aligned, target.model)
         family["pairs"][f"{i}_{j}"] = entry
         print(f"{args.name} {i}_{j}: " + ", ".join(f"{k} {v:.1f}" for k, v in entry["ratio"].items()), flush=True)
     results[args.name] = family
