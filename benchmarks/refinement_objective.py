@@ -24,14 +24,13 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from benchmarks.stage1_orders import datamodule, fine_tuned
 from lmc.adapters import model_spec
-from lmc.cli.inputs import data_module
 from lmc.connectivity.interpolation import barriers, evaluate, evenly_spaced, point_metrics
 from lmc.connectivity.measure import training_calibration
 from lmc.io import atomic_write_json, atomic_write_text
 from lmc.matching import AlignOptions, align
 from lmc.symmetry import read_attention
-from lmc.training.module import load_trained
 
 RESULTS = Path(__file__).parent / "results" / "refinement_objective"
 #: Stage 2 settings, all after the paper's Stage 1 order (``metric="invariant"``).
@@ -130,12 +129,8 @@ def main() -> None:
     parser.add_argument("--name", required=True, help="the family's name in the results")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    seeds = sorted(args.run.glob("seed*/final.ckpt"), key=lambda p: int(p.parent.name[4:]))
-    if len(seeds) < 2:
-        raise SystemExit(f"{args.run} holds fewer than two fine-tuned seeds (seed<k>/final.ckpt)")
-    modules = [load_trained(path)[0].eval() for path in seeds]
-    data = data_module(args.data, ["--data.init_args.part=B"])
-    data.setup("fit")
+    modules = fine_tuned(args.run)
+    data = datamodule(args.data)
     calibration = training_calibration(data, modules[0].model_loss, 8)
     curve_batches = list(DataLoader(data.split("val"), batch_size=data.batch_size))
     path = RESULTS.with_suffix(".json")

@@ -68,6 +68,14 @@ def datamodule(config: Path):
     return data
 
 
+def fine_tuned(run: Path) -> list:
+    """The fine-tuned seeds of an ``lmc run`` folder (``seed<k>/final.ckpt``, in seed order), in eval mode."""
+    seeds = sorted(run.glob("seed*/final.ckpt"), key=lambda p: int(p.parent.name[4:]))
+    if len(seeds) < 2:
+        raise SystemExit(f"{run} holds fewer than two fine-tuned seeds (seed<k>/final.ckpt)")
+    return [load_trained(path)[0].eval() for path in seeds]
+
+
 @torch.no_grad()
 def per_sample_curve(module, target, source, alphas, batches) -> torch.Tensor:
     """Test losses ``(alphas, samples)`` of the models between ``target`` (alpha 0) and ``source``."""
@@ -210,10 +218,7 @@ def main() -> None:
     parser.add_argument("--alphas", type=int, default=13)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    seeds = sorted(args.run.glob("seed*/final.ckpt"), key=lambda p: int(p.parent.name[4:]))
-    if len(seeds) < 2:
-        raise SystemExit(f"{args.run} holds fewer than two fine-tuned seeds (seed<k>/final.ckpt)")
-    modules = [load_trained(path)[0].eval() for path in seeds]
+    modules = fine_tuned(args.run)
     data = datamodule(args.data)
     calibration = calibrations(data, modules[0].model_loss)
     test = list(DataLoader(data.split("test"), batch_size=500))

@@ -16,13 +16,12 @@ import torch
 from torch import nn
 
 from lmc.adapters import apply_transform, model_spec
-from lmc.models import create_model, randomize_parameters_
 from lmc.symmetry import AttentionTransform, ModelTransform, qk_group, rotary_commutant, sample_attention_transform
 from tests.architectures import FLOAT64_RTOL, relative_difference
 from tests.symmetry.test_decoders import _float64_rms_norm
 from tests.symmetry.test_decoders import outputs as decoder_outputs
 from tests.symmetry.test_gpt_neox import _null_dimension, _qk_tangent, _vo_tangent
-from tests.symmetry.test_qwen3 import _element, _pair_rotation
+from tests.symmetry.test_qwen3 import _element, _pair_rotation, qk_norm_decoder
 
 BROKEN = 1e-4
 PAIRS = 4  # head_dim 8, every coordinate rotates
@@ -37,14 +36,8 @@ def float64_norms(monkeypatch):
 
 
 def olmo2(equal_gains: bool = False, **overrides) -> nn.Module:
-    """olmo2-tiny with biases and random weights; ``equal_gains``: every q_norm and k_norm gain is 1 (their init)."""
-    model = randomize_parameters_(create_model("olmo2-tiny", dtype=torch.float64, attention_bias=True, **overrides))
-    if equal_gains:
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                if name.endswith(("q_norm.weight", "k_norm.weight")):
-                    parameter.fill_(1.0)
-    return model
+    """:func:`~tests.symmetry.test_qwen3.qk_norm_decoder` of ``olmo2-tiny``."""
+    return qk_norm_decoder("olmo2-tiny", equal_gains, **overrides)
 
 
 def _gains(model: nn.Module, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,15 +37,21 @@ def float64_norms(monkeypatch):
     monkeypatch.setattr(Qwen3RMSNorm, "forward", _float64_rms_norm)
 
 
-def qwen3(equal_gains: bool = False, **overrides) -> nn.Module:
-    """qwen3-tiny with biases and random weights; ``equal_gains``: every q_norm and k_norm gain is 1 (their init)."""
-    model = randomize_parameters_(create_model("qwen3-tiny", dtype=torch.float64, attention_bias=True, **overrides))
+def qk_norm_decoder(tiny: str, equal_gains: bool = False, **overrides) -> nn.Module:
+    """A tiny QK-norm decoder (``qwen3-tiny``, ``olmo2-tiny``) with biases and random weights; ``equal_gains``:
+    every q_norm and k_norm gain is 1 (their init)."""
+    model = randomize_parameters_(create_model(tiny, dtype=torch.float64, attention_bias=True, **overrides))
     if equal_gains:
         with torch.no_grad():
             for name, parameter in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     parameter.fill_(1.0)
     return model
+
+
+def qwen3(equal_gains: bool = False, **overrides) -> nn.Module:
+    """:func:`qk_norm_decoder` of ``qwen3-tiny``."""
+    return qk_norm_decoder("qwen3-tiny", equal_gains, **overrides)
 
 
 def _element(layer, qk: torch.Tensor) -> AttentionTransform:
