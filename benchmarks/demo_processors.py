@@ -3,18 +3,22 @@
 A processor picks its floating-point kernels by its vector width (ATen, oneDNN) and its vendor
 (MKL); training amplifies their rounding into other models. This machine runs the demo
 (``lmc.experiments.demo.run``) as itself and as a narrower processor would (ATen's and oneDNN's
-AVX2 kernels, MKL's AVX2 branch), once with the kernels free and once pinned
-(:data:`lmc.experiments.demo.PINNED_KERNELS`, and the pin again with MKL limited to AVX2
-instructions). It reports each encoding's aligned/naive loss ratio, the shift of its mean between
-the two processors in units of the larger spread over pairs, and whether the pinned runs trained
-bit-identical models. Every run computes with one thread per encoding, both encodings side by side.
+AVX2 kernels, MKL's AVX2 branch), once with the kernels free (the demo's own setting) and once
+pinned to kernels every x86-64 processor with AVX2 runs alike (:data:`PINNED`; the pin again with
+MKL limited to AVX2 instructions). It reports each encoding's aligned/naive loss ratio, the shift
+of its mean between the two processors in units of the larger spread over pairs, and whether the
+two runs trained bit-identical models. Every run computes with one thread per encoding, both
+encodings side by side.
 
     python -m benchmarks.demo_processors            # writes benchmarks/results/demo_processors.{json,md}
+    python -m benchmarks.demo_processors --settings free   # only the two free settings
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -25,24 +29,33 @@ import torch
 from lmc.experiments import demo
 from lmc.io import atomic_write_json, atomic_write_text
 
-#: Each setting's environment: the processor's own kernels, and those an AVX2 processor picks.
+#: The kernels an AVX2 processor picks: ATen's AVX2 kernels, MKL's AVX2 branch, oneDNN capped at AVX2.
+AS_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+#: Kernels every x86-64 processor with AVX2 runs alike: ATen's AVX2 kernels, MKL's conditional
+#: numerical reproducibility mode, oneDNN capped at AVX2 (about 1.4-2x slower training steps).
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+#: Each setting's environment.
 SETTINGS = {
-    "free, this processor": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
-    "free, as an AVX2 processor": {
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "ATEN_CPU_CAPABILITY": "avx2",
-        "MKL_CBWR": "AVX2",
-        "ONEDNN_MAX_CPU_ISA": "AVX2",
-    },
-    "pinned, this processor": demo.PINNED_KERNELS,
-    "pinned, MKL limited to AVX2": {**demo.PINNED_KERNELS, "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "free, this processor": demo.ONE_THREAD,
+    "free, as an AVX2 processor": {**demo.ONE_THREAD, **AS_AVX2},
+    "pinned, this processor": {**demo.ONE_THREAD, **PINNED},
+    "pinned, MKL limited to AVX2": {**demo.ONE_THREAD, **PINNED, "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
 #: The pairs of settings compared: the same demo on two processors.
-COMPARISONS = (
-    ("free, this processor", "free, as an AVX2 processor"),
-    ("pinned, this processor", "pinned, MKL limited to AVX2"),
-)
+COMPARISONS = {
+    "free": ("free, this processor", "free, as an AVX2 processor"),
+    "pinned": ("pinned, this processor", "pinned, MKL limited to AVX2"),
+}
+
+
+def processor_name() -> str:
+    """The processor's model name (``/proc/cpuinfo``), or what :mod:`platform` knows of it elsewhere."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def _same_weights(first: Path, second: Path) -> bool:
@@ -58,24 +71,35 @@ def _same_weights(first: Path, second: Path) -> bool:
     return True
 
 
-def measure(output: Path, epochs: int | None, results: Path) -> dict[str, Any]:
-    """Run every setting in turn (``lmc run`` resumes a finished one), writing the results after each."""
-    runs: dict[str, Any] = {}
-    for name, environment in SETTINGS.items():
+def measure(output: Path, epochs: int | None, results: Path, comparisons: list[str]) -> dict[str, Any]:
+    """Run the named comparisons' settings in turn, writing the results after each.
+
+    ``lmc run`` resumes a finished setting: its wall time is then the one an earlier call recorded
+    in ``results`` (None where none did), and the settings of earlier calls stay in the table.
+    """
+    path = results.with_suffix(".json")
+    previous = json.loads(path.read_text()) if path.is_file() else {}
+    runs: dict[str, Any] = previous.get("runs", {}) if previous.get("epochs") == epochs else {}
+    for name in [setting for comparison in comparisons for setting in COMPARISONS[comparison]]:
+        environment = SETTINGS[name]
         folder = output / name.replace(", ", "_").replace(" ", "_")
+        finished = all((folder / label / "summary.json").is_file() for label in demo.EXPERIMENTS)
         start = time.perf_counter()
         rows = demo.run(folder, epochs=epochs, kernels=environment)
+        seconds = time.perf_counter() - start
+        if finished:
+            seconds = runs[name]["seconds"] if name in runs and runs[name]["folder"] == str(folder) else None
         runs[name] = {
             "folder": str(folder),
             "environment": environment,
-            "seconds": time.perf_counter() - start,
+            "seconds": seconds,
             "ratio": {
                 row["label"]: row["summary"]["alignments"]["full"]["barrier_ratio"]["loss_barrier"] for row in rows
             },
             "pairs": {row["label"]: len(row["summary"]["pairs"]) for row in rows},
         }
         result = summarize(runs, epochs)
-        atomic_write_json(results.with_suffix(".json"), result)
+        atomic_write_json(path, result)
         atomic_write_text(results.with_suffix(".md"), report(result))
     return result
 
@@ -83,7 +107,7 @@ def measure(output: Path, epochs: int | None, results: Path) -> dict[str, Any]:
 def summarize(runs: dict[str, Any], epochs: int | None) -> dict[str, Any]:
     """The settings run so far, and the comparisons of those whose two settings both ran."""
     comparisons = []
-    for a, b in COMPARISONS:
+    for a, b in COMPARISONS.values():
         if a not in runs or b not in runs:
             continue
         entry = {
@@ -99,7 +123,7 @@ def summarize(runs: dict[str, Any], epochs: int | None) -> dict[str, Any]:
             }
         comparisons.append(entry)
     return {
-        "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__},
+        "machine": {"processor": processor_name(), "cores": os.cpu_count(), "torch": torch.__version__},
         "threads_per_run": 1,
         "epochs": epochs,
         "runs": runs,
@@ -111,14 +135,14 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         "# The main job on two processors",
         "",
-        f"Written by `python -m benchmarks.demo_processors` on {result['machine']['processor']} (torch "
-        f"{result['machine']['torch']}): `lmc demo`"
+        f"Written by `python -m benchmarks.demo_processors` on {result['machine']['processor']} "
+        f"({result['machine']['cores']} cores, torch {result['machine']['torch']}): `lmc demo`"
         + (f" with {result['epochs']} epochs per phase" if result["epochs"] else "")
         + ", both encodings side by side, one thread each. An AVX2 processor is emulated by the kernel "
         "settings it would pick. Cells: the aligned/naive loss ratio, mean ± std over pairs. A setting not listed "
-        "has not run yet (the script resumes finished runs: run it again to complete the table).",
+        "has not run yet (the script resumes finished runs and keeps their times: run it again to complete the table).",
         "",
-        "| setting | APE | RoPE | wall time of this call (a resumed run is shorter) |",
+        "| setting | APE | RoPE | wall time of its run |",
         "|---|---|---|---|",
     ]
     for name, run in result["runs"].items():
@@ -126,7 +150,8 @@ def report(result: dict[str, Any]) -> str:
             f"{run['ratio'][k]['mean']:.1f} ± {run['ratio'][k]['std']:.1f} % ({run['pairs'][k]} pairs)"
             for k in demo.EXPERIMENTS
         ]
-        lines.append(f"| {name} | {' | '.join(cells)} | {run['seconds']:.0f} s |")
+        seconds = "resumed, not timed" if run["seconds"] is None else f"{run['seconds']:.0f} s"
+        lines.append(f"| {name} | {' | '.join(cells)} | {seconds} |")
     lines += ["", "| processors compared | APE shift | RoPE shift | same weights |", "|---|---|---|---|"]
     for entry in result["comparisons"]:
         cells = [
@@ -144,8 +169,11 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("runs/demo_processors"))
     parser.add_argument("--epochs", type=int, default=None, help="epochs per phase (default: the main job's)")
     parser.add_argument("--results", type=Path, default=Path("benchmarks/results/demo_processors"))
+    parser.add_argument(
+        "--settings", nargs="+", choices=list(COMPARISONS), default=list(COMPARISONS), help="the comparisons to run"
+    )
     args = parser.parse_args()
-    print(report(measure(args.output, args.epochs, args.results)))
+    print(report(measure(args.output, args.epochs, args.results, args.settings)))
 
 
 if __name__ == "__main__":

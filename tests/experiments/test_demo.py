@@ -34,7 +34,7 @@ def test_main_job_aligns_trained_pairs_below_their_naive_barrier(tmp_path, capsy
 
 
 def test_the_main_job_reads_the_packaged_configs_from_any_working_folder(tmp_path, monkeypatch):
-    """The demo runs configs/experiment/digits_vit_*.yaml with configs/protocol/main_job.yaml, not a copy of them."""
+    """The demo runs the study's configs/study/mnist_vit_*.yaml with configs/protocol/main_job.yaml, not a copy of them."""
     from lmc.experiments.protocol import Schedule, experiment_cli
 
     repository = Path(__file__).parents[2] / "configs"
@@ -42,13 +42,15 @@ def test_the_main_job_reads_the_packaged_configs_from_any_working_folder(tmp_pat
     for label, pe in (("APE", "learned"), ("RoPE", "rope")):
         arguments = demo.experiment_arguments(label, tmp_path / "runs")
         assert [Path(a).resolve() for a in arguments[1:4:2]] == [
-            (repository / "experiment" / f"digits_vit_{label.lower()}.yaml").resolve(),
+            (repository / "study" / f"mnist_vit_{label.lower()}.yaml").resolve(),
             (repository / "protocol" / "main_job.yaml").resolve(),
         ]
         cli = experiment_cli(arguments, run=False)
         assert cli.config.model.model_config["pe"] == pe
+        assert cli.config.data.class_path == "lmc.data.MNIST5k"
         protocol = cli.config_init.protocol
-        assert (protocol.pretrain, protocol.finetune) == (Schedule(40), Schedule(60, 0.003))
+        # The study's pre-training and fine-tuning rate; four seeds and half its fine-tuning epochs.
+        assert (protocol.pretrain, protocol.finetune, protocol.seeds) == (Schedule(40), Schedule(20, 0.003), 4)
         assert protocol.output_dir == str(tmp_path / "runs" / label) and protocol.reinit == "first_attention"
         shortened = experiment_cli(demo.experiment_arguments(label, tmp_path, epochs=2), run=False).config_init
         assert (shortened.protocol.pretrain, shortened.protocol.finetune) == (Schedule(2), Schedule(2, 0.003))

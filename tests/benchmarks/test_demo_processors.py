@@ -1,0 +1,32 @@
+"""benchmarks/demo_processors.py: shifts in units of the larger spread; a setting without a time says so."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import demo_processors
+
+
+def _run(folder: str, ape: tuple[float, float], rope: tuple[float, float], seconds: float | None) -> dict:
+    ratio = {"APE": {"mean": ape[0], "std": ape[1]}, "RoPE": {"mean": rope[0], "std": rope[1]}}
+    return {"folder": folder, "environment": {}, "seconds": seconds, "ratio": ratio, "pairs": {"APE": 6, "RoPE": 6}}
+
+
+def test_the_shift_is_the_gap_of_the_means_over_the_larger_spread(tmp_path):
+    runs = {
+        "free, this processor": _run(str(tmp_path / "a"), (26.0, 10.0), (51.0, 22.0), 364.0),
+        "free, as an AVX2 processor": _run(str(tmp_path / "b"), (36.0, 20.0), (40.0, 16.0), None),
+    }
+    result = demo_processors.summarize(runs, epochs=None)
+    (comparison,) = result["comparisons"]  # the pinned pair has not run
+    assert comparison["APE"]["shift"] == 10.0 and comparison["APE"]["shift_in_spreads"] == 10.0 / 20.0
+    assert comparison["RoPE"]["shift"] == 11.0 and comparison["RoPE"]["shift_in_spreads"] == 11.0 / 22.0
+    assert comparison["identical_weights"] is False  # no checkpoints in either folder
+    text = demo_processors.report(json.loads(json.dumps(result)))
+    assert f"({result['machine']['cores']} cores, torch" in text
+    assert "| free, this processor | 26.0 ± 10.0 % (6 pairs) | 51.0 ± 22.0 % (6 pairs) | 364 s |" in text
+    assert (
+        "| free, as an AVX2 processor | 36.0 ± 20.0 % (6 pairs) | 40.0 ± 16.0 % (6 pairs) | resumed, not timed |"
+        in text
+    )
+    assert "10.0 points (0.50 spreads)" in text and "11.0 points (0.50 spreads)" in text
