@@ -7,13 +7,22 @@ These read a model through its registered adapter, then hand the spec to the gen
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
 from torch import nn
 
 from lmc.adapters.base import adapter_for
-from lmc.symmetry import ModelTransform, Scope, SymmetrySpec, qk_group, sample_transform, scope_parameter_names
+from lmc.symmetry import (
+    ModelTransform,
+    Scope,
+    SymmetrySpec,
+    qk_group,
+    sample_transform,
+    scope_parameter_names,
+    vo_group,
+)
 
 
 def model_spec(model: nn.Module) -> SymmetrySpec:
@@ -29,11 +38,15 @@ def describe(model: nn.Module) -> list[dict[str, Any]]:
     ``head_dim``, ``width``, ``rotary_dim`` (rotated coordinates per head, 0 without RoPE),
     ``qk_group`` (``"GL"`` | ``"H"`` | ``"signs"``: sign flips of the rotary pairs under a QK-norm),
     ``qk_group_dim`` (its dimension: ``head_dim**2`` for GL, ``head_dim`` for a full H, 0 for the
-    signs) and ``vo_group`` (``"GL"``).
+    signs), ``vo_group`` (``"GL"``) and ``vo_group_dim`` (``head_dim**2``), each per key/value head;
+    ``head_permutations``, the head orders of the group (``h!`` without GQA; with it, the KV heads'
+    orders times the orders of the query heads inside each KV group: docs/spec.md) and
+    ``group_dim``, the layer's continuous dimension (``num_kv_heads * (qk_group_dim + vo_group_dim)``).
     """
     layers = []
     for layer in model_spec(model).attention:
-        group = qk_group(layer)
+        group, values = qk_group(layer), vo_group(layer)
+        queries_per_kv = layer.num_heads // layer.num_kv_heads
         layers.append(
             {
                 "name": layer.name,
@@ -47,6 +60,10 @@ def describe(model: nn.Module) -> list[dict[str, Any]]:
                 "qk_group": group.name,
                 "qk_group_dim": group.num_coordinates,
                 "vo_group": "GL",
+                "vo_group_dim": values.num_coordinates,
+                "head_permutations": math.factorial(layer.num_kv_heads)
+                * math.factorial(queries_per_kv) ** layer.num_kv_heads,
+                "group_dim": layer.num_kv_heads * (group.num_coordinates + values.num_coordinates),
             }
         )
     return layers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -52,7 +53,16 @@ def test_describe_reports_each_layer_group(key):
     assert len(layers) == 2
     for layer in layers:
         assert tuple(layer[k] for k in KEYS) == EXPECTED[key]
-        assert layer["vo_group"] == "GL"
+        assert layer["vo_group"] == "GL" and layer["vo_group_dim"] == layer["head_dim"] ** 2
+        # Head orders counted by enumeration: those that keep every query head with its KV head's group.
+        per_kv = layer["num_heads"] // layer["num_kv_heads"]
+        kept = [
+            order
+            for order in itertools.permutations(range(layer["num_heads"]))
+            if all(len({head // per_kv for head in order[g : g + per_kv]}) == 1 for g in range(0, len(order), per_kv))
+        ]
+        assert layer["head_permutations"] == len(kept)
+        assert layer["group_dim"] == layer["num_kv_heads"] * (layer["qk_group_dim"] + layer["head_dim"] ** 2)
 
 
 def test_scope_parameters_name_the_reinitialized_parts():
