@@ -55,7 +55,7 @@ def first_layer_with(model: nn.Module, qk) -> nn.Module:
 def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[str, object]]:
     """Run the checks in float64 and print one row per model; returns the rows."""
     header = (
-        f"{'model':15s} {'class':34s} {'PE':16s} {'heads':>5s} {'Q/K group':18s} "
+        f"{'model':15s} {'class':34s} {'PE':16s} {'heads':>5s} {'Q/K group':18s} {'layer group':20s} "
         f"{'symmetry':>9s} {'weights':>8s} {'GL on Q/K':>10s} {'other H':>9s} {'axes fixed/left':>15s}"
     )
     print("Relative output change on random inputs (float64). 'symmetry': a random element of the full group.")
@@ -76,6 +76,7 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
             "pe": layer["pe"] if layer["rope_layout"] is None else f"rope/{layer['rope_layout']}",
             "heads": f"{layer['num_heads']}/{layer['num_kv_heads']}",
             "qk_group": f"{layer['qk_group']}({layer['head_dim']}) dim {layer['qk_group_dim']}",
+            "layer_group": f"{layer['head_permutations']} orders, dim {layer['group_dim']}",
             "symmetry": probe_error(model, transformed, PROBE_BATCH, seed),
             "weights": weight_change(model, transformed),
             "gl_on_qk": probe_error(model, first_layer_with(model, general_linear(spec.head_dim)), PROBE_BATCH, seed),
@@ -91,13 +92,16 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
         axes = f"{row['fixed_axes']}/{len(row['unexplained_axes'])}"
         print(
             f"{name:15s} {row['class']:34s} {row['pe']:16s} {row['heads']:>5s} {row['qk_group']:18s} "
-            f"{row['symmetry']:9.1e} {row['weights']:8.2f} {row['gl_on_qk']:10.1e} {other:>9s} {axes:>15s}"
+            f"{row['layer_group']:20s} {row['symmetry']:9.1e} {row['weights']:8.2f} {row['gl_on_qk']:10.1e} "
+            f"{other:>9s} {axes:>15s}"
         )
         for parameter, axis in row["unexplained_axes"]:
             print(f"  unexplained: axis {axis} of {parameter} (no group moves it and the spec gives no reason)")
     print(
         "\nA symmetry keeps outputs to rounding (~1e-16; the RMSNorms of the HF Llama-like decoders, Llama to Phi-3, "
         "compute in float32, ~1e-7) while the weights move by O(1).\n"
+        "'layer group': the first attention layer's head orders and the dimension of its C (Q/K) and B (V/O) "
+        "elements together, per key/value head summed.\n"
         "GL on Q/K is a symmetry only without RoPE; an H for the wrong pair layout never is.\n"
         "'axes fixed/left': parameter axes that no group of the full model moves, each for a reason (vocabulary, "
         "classes, positions, inputs, ...), and axes left with neither."

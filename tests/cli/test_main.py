@@ -25,6 +25,10 @@ def test_symmetry_demo_rows_show_exact_symmetries_and_broken_near_misses(capsys)
     assert rows["roformer-tiny"]["symmetry"] < 1e-12
     assert rows["gpt-neox-tiny"]["symmetry"] < 1e-12  # LayerNorms compute in float64
     assert rows["gpt-neox-tiny"]["qk_group"] == "H(8) dim 20"  # 2 rotary pairs, GL(4) on the other half
+    # 4 heads without GQA: 4! orders, and per head H(8)'s 20 on Q/K and GL(8)'s 64 on V/O.
+    assert rows["gpt-neox-tiny"]["layer_group"] == f"24 orders, dim {4 * (20 + 64)}"
+    # GQA 4/2: 2! KV orders times 2! inside each group, and per KV head H(8)'s 8 and GL(8)'s 64.
+    assert rows["llama-tiny"]["layer_group"] == f"8 orders, dim {2 * (8 + 64)}"
     assert rows["llama-tiny"]["symmetry"] < 2e-6  # RMSNorm in float32
     for name in ("llama-tiny", "roformer-tiny", "gpt-neox-tiny"):
         assert rows[name]["gl_on_qk"] > 1e-4 and rows[name]["other_h"] > 1e-4
