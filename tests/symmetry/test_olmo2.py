@@ -120,3 +120,33 @@ def test_the_group_has_the_dimension_of_the_models_own_symmetries(equal_gains, e
     assert qk_group(layer).num_coordinates == 0  # lmc's group: the signs, exact for every gain
     if not equal_gains and eps:
         assert _null_dimension(model, _vo_tangent) == layer.head_dim**2  # GL(d_h) on V/O
+
+
+def test_rescaling_each_heads_gain_slices_pair_by_pair_is_exact_and_near_misses_are_not():
+    """Left out of lmc's group (spec.md): KV head g's slices g_q^i c_g (every query head i of its group), g_k^g / c_g.
+
+    ``c_g`` is equal on each rotary pair; scaling one coordinate alone, or two query heads of one KV
+    group by different ``c``, breaks the function.
+    """
+    model = olmo2()
+    layer = model_spec(model).blocks[0].attention
+    pairs = layer.rotary.pairs
+    queries_per_kv = layer.num_heads // layer.num_kv_heads
+    c = torch.tensor([[0.5, -2.0, 3.0, 1.5], [-1.5, 2.5, 0.25, -3.0]], dtype=torch.float64)  # (h_kv, pairs)
+    key_scale = torch.ones(layer.num_kv_heads, layer.head_dim, dtype=torch.float64)  # (h_kv, d_h)
+    key_scale[:, pairs[:, 0]] = key_scale[:, pairs[:, 1]] = c
+    query_scale = key_scale.repeat_interleave(queries_per_kv, dim=0)  # (h, d_h)
+    one_coordinate = query_scale.clone()
+    one_coordinate[0, 0] *= 2.0
+    unequal_in_a_group = query_scale.clone()
+    unequal_in_a_group[1] = 1.0  # query head 1 shares KV head 0 with query head 0 but keeps its slice
+    query_gain, key_gain = _gains(model)
+    reference = decoder_outputs(model)
+    for scale, exact in ((query_scale, True), (one_coordinate, False), (unequal_in_a_group, False)):
+        moved = apply_transform(model, ModelTransform())
+        norms = moved.model.layers[0].self_attn
+        with torch.no_grad():
+            norms.q_norm.weight.copy_(query_gain * scale.flatten())
+            norms.k_norm.weight.copy_(key_gain / key_scale.flatten())
+        change = relative_difference(reference, decoder_outputs(moved))
+        assert change < FLOAT64_RTOL if exact else change > BROKEN, (change, exact)
