@@ -34,7 +34,7 @@ def test_main_job_aligns_trained_pairs_below_their_naive_barrier(tmp_path, capsy
 
 
 def test_the_main_job_reads_the_packaged_configs_from_any_working_folder(tmp_path, monkeypatch):
-    """The demo runs the study's configs/study/mnist_vit_*.yaml with configs/protocol/main_job.yaml, not a copy of them."""
+    """The demo runs the study's configs/study/mnist_vit_*.yaml with configs/protocol/main_job.yaml, not copies."""
     from lmc.experiments.protocol import Schedule, experiment_cli
 
     repository = Path(__file__).parents[2] / "configs"
