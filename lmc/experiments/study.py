@@ -61,6 +61,9 @@ class Family:
         pretrained_by: Another family of the study whose pre-trained model this one starts from
             instead of pre-training its own (a sweep's points that differ only in fine-tuning);
             its pre-training must be this family's own (the same stage key).
+        strategies: The study's strategies this family runs (``None``: all of them), e.g. only
+            the Table 1 run of a family whose fine-tunes are too long for every strategy; they
+            include the study's first strategy, whose run holds the family's pre-training.
     """
 
     name: str
@@ -69,6 +72,7 @@ class Family:
     table1: bool = False
     configs: list[str] = field(default_factory=list)
     pretrained_by: str | None = None
+    strategies: list[Scope] | None = None
 
     def __post_init__(self) -> None:  # configs/... paths are also read from lmc's packaged configs
         object.__setattr__(self, "experiment", str(_study_config(self.experiment)))
@@ -117,6 +121,8 @@ class Study:
             raise ValueError("a study needs at least one strategy")
         for strategy in [*self.strategies, *self.robustness, *self.methods_strategies]:
             check_scope(strategy)
+        for family in self.families:
+            self._check_family_strategies(family)
         if min(self.seeds, self.table1_seeds) < 2:
             raise ValueError("seeds and table1_seeds must be at least 2 (a pair of fine-tuned runs)")
         if Path(self.report).suffix != ".md":
@@ -129,6 +135,27 @@ class Study:
     def family(self, name: str) -> Family:
         """The family of this name."""
         return next(family for family in self.families if family.name == name)
+
+    def family_strategies(self, family: Family) -> list[Scope]:
+        """The strategies a family runs, in the study's order."""
+        chosen = self.strategies if family.strategies is None else family.strategies
+        return [strategy for strategy in self.strategies if strategy in chosen]
+
+    def _check_family_strategies(self, family: Family) -> None:
+        """Refuse a family's ``strategies`` outside the study's, or without the study's first one."""
+        if family.strategies is None:
+            return
+        unknown = [strategy for strategy in family.strategies if strategy not in self.strategies]
+        if unknown:
+            raise ValueError(
+                f"family {family.name}: strategies {unknown} are not the study's ({', '.join(self.strategies)}): "
+                "a family runs a subset of study.strategies"
+            )
+        if self.strategies[0] not in family.strategies:
+            raise ValueError(
+                f"family {family.name}: strategies {family.strategies} leave out {self.strategies[0]}, the study's "
+                f"first strategy, whose run pre-trains every family: add {self.strategies[0]} to them"
+            )
 
     def pretraining_family(self, family: Family) -> Family:
         """The family whose pre-training ``family`` starts from: the one it names in ``pretrained_by``, else itself."""
@@ -369,7 +396,7 @@ def schedule(study: Study) -> list[Job]:
         extra = (task.strategy in study.methods_strategies) + (task.strategy in study.robustness)
         return table1, extra, study.families.index(task.family)
 
-    runs = [Job(family, strategy) for family in study.families for strategy in study.strategies]
+    runs = [Job(family, strategy) for family in study.families for strategy in study.family_strategies(family)]
     pretrainings = [Job(family) for family in study.families if family.pretrained_by is None]
     return pretrainings + sorted(runs, key=size, reverse=True)
 

@@ -45,7 +45,7 @@ def _summaries(study) -> dict[str, dict[str, dict[str, Any]]]:
     """``family -> strategy -> summary.json`` of every finished run (missing ones are skipped)."""
     found: dict[str, dict[str, dict[str, Any]]] = {}
     for family in study.families:
-        for strategy in study.strategies:
+        for strategy in study.family_strategies(family):
             path = Path(study.output_dir) / family.name / strategy / "summary.json"
             if path.is_file():
                 found.setdefault(family.name, {})[strategy] = nan_for_null(json.loads(path.read_text()))
@@ -55,7 +55,7 @@ def _summaries(study) -> dict[str, dict[str, dict[str, Any]]]:
 def _runs(study, summaries, strategies: list[str] | None = None):
     """``(family, strategy, summary)`` of every finished run, in the study's order."""
     for family in study.families:
-        for strategy in strategies or study.strategies:
+        for strategy in strategies or study.family_strategies(family):
             if summary := summaries.get(family.name, {}).get(strategy):
                 yield family, strategy, summary
 

@@ -142,6 +142,30 @@ def test_the_schedule_pretrains_first_then_runs_the_largest_runs_first():
     )
 
 
+def test_a_family_runs_only_its_own_strategies_and_pretrains_in_the_studys_first():
+    strategies = ["first_attention", "first_block", "full_model"]
+    short = Family(
+        "short", "ViT, Table 1 only", "configs/study/vit_ape.yaml", strategies=["full_model", "first_attention"]
+    )
+    whole = Family("whole", "ViT, RoPE", "configs/study/vit_rope.yaml")
+    study = Study(families=[short, whole], strategies=strategies)
+    assert study.family_strategies(short) == ["first_attention", "full_model"]  # the study's order
+    assert study.family_strategies(whole) == strategies
+    names = [task.name for task in schedule(study)]
+    assert sorted(names) == sorted(
+        ["short/pretrain", "whole/pretrain", "short/first_attention", "short/full_model"]
+        + [f"whole/{strategy}" for strategy in strategies]
+    )
+    assert study.pretrained(short) == Path("runs/repro/short/first_attention/pretrain/final.ckpt")
+    with pytest.raises(ValueError, match=r"strategies \['all_attention'\] are not the study's"):
+        Study(
+            families=[dataclasses.replace(short, strategies=["first_attention", "all_attention"])],
+            strategies=strategies,
+        )
+    with pytest.raises(ValueError, match="leave out first_attention, the study's first strategy"):
+        Study(families=[dataclasses.replace(short, strategies=["first_block"])], strategies=strategies)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
