@@ -74,8 +74,8 @@ class EvaluationDataOptions:
     drawn once: every point of the curves sees the same masks."""
 
     sequence_length: int | None = None
-    """Tokens per sequence of the user's text (windows for causal LMs, the longest text for classifiers);
-    default 128, or the model's positions if it has fewer."""
+    """Tokens per sequence of the user's text (windows for causal LMs, the longest text for classifiers and
+    masked LMs); default 128, or the model's positions if it has fewer."""
 
     def __post_init__(self) -> None:
         check_curve_split(self.split)
