@@ -1,12 +1,19 @@
 """Model adapters: the registry, one adapter per supported model family, and the model-level API.
 
-``model_spec``, ``describe``, ``scope_parameters``, ``random_symmetry`` and ``apply_transform``
+``model_spec``, ``describe``, ``describe_scopes``, ``scope_parameters``, ``random_symmetry`` and ``apply_transform``
 take a model and read it through its adapter. ``transformers`` and ``timm`` are imported only
 when one of their models is described.
 """
 
 from lmc.adapters import decoders, huggingface, reference, timm_vision  # noqa: F401  (registration)
-from lmc.adapters.api import apply_transform, describe, model_spec, random_symmetry, scope_parameters
+from lmc.adapters.api import (
+    apply_transform,
+    describe,
+    describe_scopes,
+    model_spec,
+    random_symmetry,
+    scope_parameters,
+)
 from lmc.adapters.base import (
     ModelAdapter,
     UnsupportedModelError,
@@ -23,6 +30,7 @@ __all__ = [
     "adapter_for_class",
     "apply_transform",
     "describe",
+    "describe_scopes",
     "list_adapters",
     "model_spec",
     "random_symmetry",

@@ -15,11 +15,13 @@ from torch import nn
 
 from lmc.adapters.base import adapter_for
 from lmc.symmetry import (
+    SCOPES,
     ModelTransform,
     Scope,
     SymmetrySpec,
     qk_group,
     sample_transform,
+    scope_blocks,
     scope_parameter_names,
     vo_group,
 )
@@ -30,8 +32,8 @@ def model_spec(model: nn.Module) -> SymmetrySpec:
     return adapter_for(model).spec(model)
 
 
-def describe(model: nn.Module) -> list[dict[str, Any]]:
-    """One dict per attention layer, input to output.
+def describe(model: nn.Module, spec: SymmetrySpec | None = None) -> list[dict[str, Any]]:
+    """One dict per attention layer (and its block's FFN), input to output.
 
     Keys: ``name``, ``pe`` (``"none"`` | ``"absolute"`` | ``"rope"``), ``rope_layout``
     (``None`` | ``"half"`` | ``"interleaved"`` | ``"axial"``), ``num_heads``, ``num_kv_heads``,
@@ -41,11 +43,16 @@ def describe(model: nn.Module) -> list[dict[str, Any]]:
     signs), ``vo_group`` (``"GL"``) and ``vo_group_dim`` (``head_dim**2``), each per key/value head;
     ``head_permutations``, the head orders of the group (``h!`` without GQA; with it, the KV heads'
     orders times the orders of the query heads inside each KV group: docs/spec.md) and
-    ``group_dim``, the layer's continuous dimension (``num_kv_heads * (qk_group_dim + vo_group_dim)``).
+    ``group_dim``, the layer's continuous dimension (``num_kv_heads * (qk_group_dim + vo_group_dim)``);
+    ``ffn_width``, the hidden units of the block's feed-forward network (0 without one), and
+    ``ffn_permutations``, their orders (``ffn_width!``), which ``first_block`` (block 0) and
+    ``full_model`` move. The groups beyond the blocks (the residual stream, task heads) are per
+    scope (:func:`describe_scopes`). ``spec`` saves re-deriving the model's spec.
     """
     layers = []
-    for layer in model_spec(model).attention:
-        group, values = qk_group(layer), vo_group(layer)
+    for block in (spec or model_spec(model)).blocks:
+        layer, group, values = block.attention, qk_group(block.attention), vo_group(block.attention)
+        ffn_width = 0 if block.feed_forward is None else block.feed_forward.hidden.size
         queries_per_kv = layer.num_heads // layer.num_kv_heads
         layers.append(
             {
@@ -64,9 +71,50 @@ def describe(model: nn.Module) -> list[dict[str, Any]]:
                 "head_permutations": math.factorial(layer.num_kv_heads)
                 * math.factorial(queries_per_kv) ** layer.num_kv_heads,
                 "group_dim": layer.num_kv_heads * (group.num_coordinates + values.num_coordinates),
+                "ffn_width": ffn_width,
+                "ffn_permutations": math.factorial(ffn_width),
             }
         )
     return layers
+
+
+def describe_scopes(model: nn.Module) -> dict[Scope, dict[str, Any]]:
+    """What each scope's symmetry group holds (docs/spec.md, section 5): per scope of :data:`SCOPES`,
+
+    - ``attention_layers`` and ``feed_forwards``: the indices of the blocks whose attention and
+      FFN it moves; ``head_permutations``, the product of those layers' head orders, and
+      ``group_dim``, the sum of their continuous dimensions (:func:`describe`);
+    - ``ffn_permutations``: the product of those FFNs' hidden-unit orders (``width!`` each);
+    - ``residual_width``: the residual coordinates it permutes (``d`` at ``full_model``; 0 at
+      the other scopes, and where a fixed tensor added to the stream, a sinusoidal table, leaves
+      no permutation of it a symmetry) and ``residual_permutations``, their orders
+      (``residual_width!``);
+    - ``other_permutations``: the orders of the task heads' hidden units and of the learned
+      tokens (``full_model`` only; 1 elsewhere);
+    - ``permutations``: the order of the scope's discrete group, the product of the four above.
+    """
+    spec = model_spec(model)
+    layers = describe(model, spec)
+    scopes = {}
+    for scope in SCOPES:
+        attention, feed_forward, whole = scope_blocks(spec, scope)
+        residual = spec.residual.size if whole and spec.residual is not None else 0
+        others = [head.size for head in spec.task_heads] + ([] if spec.tokens is None else [spec.tokens.size])
+        orders = {
+            "head_permutations": math.prod(layers[i]["head_permutations"] for i in attention),
+            "ffn_permutations": math.prod(layers[i]["ffn_permutations"] for i in feed_forward),
+            "residual_permutations": math.factorial(residual),
+            "other_permutations": math.prod(map(math.factorial, others)) if whole else 1,  # full_model only
+        }
+        scopes[scope] = {
+            "attention_layers": attention,
+            "feed_forwards": feed_forward,
+            "group_dim": sum(layers[i]["group_dim"] for i in attention),
+            "residual_width": residual,
+            **orders,
+            "permutations": math.prod(orders.values()),
+        }
+    return scopes
 
 
 def scope_parameters(model: nn.Module, scope: Scope, spec: SymmetrySpec | None = None) -> list[str]:

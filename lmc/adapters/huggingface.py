@@ -144,6 +144,12 @@ class _EncoderAdapter(_TokenAdapter):
     def rotary(self, model: nn.Module):
         return None
 
+    def model_inputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        inputs = super().model_inputs(model, batch)
+        if batch.get("token_type_ids") is not None:  # sentence pairs (BERT's masked-LM evaluation)
+            inputs["token_type_ids"] = batch["token_type_ids"]
+        return inputs
+
     def spec(self, model: nn.Module) -> SymmetrySpec:
         c = model.config
         if getattr(c, "is_decoder", False) or getattr(c, "add_cross_attention", False):

@@ -36,7 +36,7 @@ def interpolate(
 
     B is aligned to A, then both curves theta(alpha) = (1 - alpha) A + alpha B are evaluated on
     DATA. Writes lmc_results.json, .csv, a figure and TensorBoard scalars (OUTPUT_DIR/tensorboard)
-    into OUTPUT_DIR; a killed sweep resumes where it stopped. Language models also report
+    into OUTPUT_DIR; a killed sweep resumes where it stopped. Causal language models also report
     perplexity = exp(loss). Data-aware alignment settings calibrate on DATA's training split
     (lmc checkpoints only).
 
@@ -48,7 +48,10 @@ def interpolate(
             configs/data/*.yaml file or a class path such as lmc.data.Digits. Other formats: the
             user's own data: causal LMs a .txt file, a save_to_disk folder or a .json, .jsonl,
             .csv or .parquet file with a text column; sequence classifiers such a table with
-            text and label columns; timm models an image folder with one subfolder per class.
+            text and label columns; BERT masked-LM and pre-training models a .txt file (one
+            text per line) or a table with a text column (and a pair column for sentence
+            pairs), masked once with --mask_seed; timm models an image folder with one
+            subfolder per class.
         output_dir: Folder for the results (required).
         scope: Symmetries to align; default: the re-initialization lmc checkpoints were
             fine-tuned with, full_model for other formats.
@@ -104,18 +107,21 @@ def _external_evaluation(a: Checkpoint, b: Checkpoint, data: Path, data_options:
     from lmc.adapters import adapter_for
     from lmc.connectivity import Evaluation
     from lmc.formats import evaluation_data, load_external, require_same_architecture
-    from lmc.training.module import classification_sums
+    from lmc.training.module import classification_sums, masked_lm_sums
 
     model, reference = load_external(a), load_external(b)
     require_same_architecture(model, reference)
     user = evaluation_data(data, model.model, a.path, data_options)
+    if user.note is not None:
+        print(user.note)
     adapter, dtype = adapter_for(model.model), model.dtype
 
     def metric_sums(batch):
         batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
-        return classification_sums(
-            adapter.forward(model.model, adapter.model_inputs(model.model, batch)), batch["labels"]
-        )
+        inputs = adapter.model_inputs(model.model, batch)
+        if user.task == "masked_lm":  # the heads' outputs by name: the loss is scored on the chosen tokens only
+            return masked_lm_sums(model.model(**inputs), batch)
+        return classification_sums(adapter.forward(model.model, inputs), batch["labels"])
 
     loader = DataLoader(user.dataset, batch_size=data_options.batch_size or 32)
     architecture = {"format": model.format, **model.architecture()}

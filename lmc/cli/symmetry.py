@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmc.adapters import apply_transform, describe, model_spec, random_symmetry
+from lmc.adapters import apply_transform, describe, describe_scopes, model_spec, random_symmetry
 from lmc.matching.checks import probe_error
 from lmc.models import create_model, randomize_parameters_
 from lmc.symmetry import (
@@ -56,7 +56,8 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
     """Run the checks in float64 and print one row per model; returns the rows."""
     header = (
         f"{'model':15s} {'class':34s} {'PE':16s} {'heads':>5s} {'Q/K group':18s} {'layer group':20s} "
-        f"{'symmetry':>9s} {'weights':>8s} {'GL on Q/K':>10s} {'other H':>9s} {'axes fixed/left':>15s}"
+        f"{'FFN':>5s} {'residual':>8s} {'symmetry':>9s} {'weights':>8s} {'GL on Q/K':>10s} {'other H':>9s} "
+        f"{'axes fixed/left':>15s}"
     )
     print("Relative output change on random inputs (float64). 'symmetry': a random element of the full group.")
     print(header)
@@ -64,8 +65,9 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
     rows = []
     for name in models:
         model = randomize_parameters_(create_model(name, dtype=torch.float64), seed=seed)
-        layer = describe(model)[0]
         model_symmetry = model_spec(model)
+        layer = describe(model, model_symmetry)[0]
+        residual = describe_scopes(model)["full_model"]["residual_width"]
         spec = model_symmetry.blocks[0].attention
         shapes = {parameter: p.shape for parameter, p in model.named_parameters()}
         roles = explain_axes(model_symmetry, "full_model", shapes)
@@ -77,6 +79,8 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
             "heads": f"{layer['num_heads']}/{layer['num_kv_heads']}",
             "qk_group": f"{layer['qk_group']}({layer['head_dim']}) dim {layer['qk_group_dim']}",
             "layer_group": f"{layer['head_permutations']} orders, dim {layer['group_dim']}",
+            "ffn": f"{layer['ffn_width']}!" if layer["ffn_width"] else "-",
+            "residual": f"{residual}!" if residual else "-",
             "symmetry": probe_error(model, transformed, PROBE_BATCH, seed),
             "weights": weight_change(model, transformed),
             "gl_on_qk": probe_error(model, first_layer_with(model, general_linear(spec.head_dim)), PROBE_BATCH, seed),
@@ -92,8 +96,8 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
         axes = f"{row['fixed_axes']}/{len(row['unexplained_axes'])}"
         print(
             f"{name:15s} {row['class']:34s} {row['pe']:16s} {row['heads']:>5s} {row['qk_group']:18s} "
-            f"{row['layer_group']:20s} {row['symmetry']:9.1e} {row['weights']:8.2f} {row['gl_on_qk']:10.1e} "
-            f"{other:>9s} {axes:>15s}"
+            f"{row['layer_group']:20s} {row['ffn']:>5s} {row['residual']:>8s} {row['symmetry']:9.1e} "
+            f"{row['weights']:8.2f} {row['gl_on_qk']:10.1e} {other:>9s} {axes:>15s}"
         )
         for parameter, axis in row["unexplained_axes"]:
             print(f"  unexplained: axis {axis} of {parameter} (no group moves it and the spec gives no reason)")
@@ -102,6 +106,9 @@ def run(models: tuple[str, ...] = DEFAULT_MODELS, seed: int = 0) -> list[dict[st
         "compute in float32, ~1e-7) while the weights move by O(1).\n"
         "'layer group': the first attention layer's head orders and the dimension of its C (Q/K) and B (V/O) "
         "elements together, per key/value head summed.\n"
+        "'FFN': the orders of the first FFN's hidden units (width!, moved by first_block and full_model); "
+        "'residual': those of the residual stream (d!, moved by full_model; '-' where a fixed table added to it "
+        "leaves no permutation a symmetry).\n"
         "GL on Q/K is a symmetry only without RoPE; an H for the wrong pair layout never is.\n"
         "'axes fixed/left': parameter axes that no group of the full model moves, each for a reason (vocabulary, "
         "classes, positions, inputs, ...), and axes left with neither."

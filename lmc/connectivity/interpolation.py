@@ -166,8 +166,17 @@ def reduce_sums(
 
 
 def point_metrics(sums: dict[str, float]) -> dict[str, float]:
-    """Every metric of a point: its sum over the samples (or tokens) divided by their ``count``."""
-    return {name: value / sums["count"] for name, value in sums.items() if name != "count"}
+    """Every metric of a point: its sum over the samples (or tokens) divided by their ``count``.
+
+    A sum named ``<head>/<metric>`` is divided by ``<head>/count`` instead: a second head scored
+    on samples of its own (BERT pre-training's next-sentence pairs beside its masked tokens).
+    """
+
+    def count(name: str) -> float:
+        head = name.rpartition("/")[0]
+        return sums[f"{head}/count"] if head else sums["count"]
+
+    return {name: value / count(name) for name, value in sums.items() if name.rpartition("/")[2] != "count"}
 
 
 def fingerprint(*tensor_lists: Iterable[torch.Tensor], extra: object = None) -> str:

@@ -6,7 +6,12 @@ Batches are dicts, the same for every model (adapters map them to each model's a
 - text classification: ``inputs`` long ``(B, T)`` byte ids (0 is padding),
   ``attention_mask`` long ``(B, T)``, ``labels`` long ``(B,)``;
 - causal language modelling: ``inputs`` long ``(B, T)``, ``labels`` long ``(B, T)`` (the
-  inputs shifted by one).
+  inputs shifted by one);
+- masked language modelling (the user's data for BERT masked-LM and pre-training models,
+  :mod:`lmc.formats.masked_lm`; no DataModule): ``inputs`` long ``(B, T)`` with the chosen
+  tokens masked, ``attention_mask`` long ``(B, T)``, ``labels`` long ``(B, T)`` (the original
+  token at chosen positions, :data:`NOT_SCORED` elsewhere); with sentence pairs also
+  ``token_type_ids`` long ``(B, T)`` and ``next_sentence_label`` long ``(B,)``.
 
 ``part`` selects the data a run trains on: ``"all"``, or one of two disjoint halves ``"A"``
 and ``"B"`` of the training split, so that "pre-train on A, fine-tune on B" works on any data
@@ -44,6 +49,8 @@ PARTS: tuple[Part, ...] = get_args(Part)
 
 #: Byte-level tokens: byte ``b`` is id ``b + 1``; id 0 pads.
 BYTE_VOCAB_SIZE = 257
+#: The label of a token that is not scored: torch's ``cross_entropy`` ``ignore_index``, HF's ``labels=`` convention.
+NOT_SCORED = -100
 
 
 class DataUnavailableError(FileNotFoundError):

@@ -6,6 +6,11 @@
   tokenizer has one) and cut into non-overlapping windows of ``sequence_length`` tokens;
 - sequence classifiers: a table with a text and a label column (integers, or names from the
   config's ``label2id``); texts truncated to ``sequence_length`` tokens;
+- BERT masked-LM and pre-training models: a ``.txt`` file (one text per non-empty line) or a
+  table with a text column, each text one sequence ``[CLS] text [SEP]`` truncated to
+  ``sequence_length`` tokens, masked once with BERT's seeded recipe (:mod:`lmc.formats.masked_lm`);
+  a table with a pair column gives ``[CLS] A [SEP] B [SEP]`` pairs, and a pre-training model
+  is then also scored on their next-sentence labels (the label column);
 - timm image models: an image folder with one subfolder per class (torchvision
   ``ImageFolder``): one folder per class of the model, whose sorted names are labels 0, 1, ...,
   or folders named by class index (``3/``, ``7/``) for a subset of the classes; resized and
@@ -20,13 +25,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from lmc.data.base import TensorDictDataset, TokenWindows
+from lmc.formats.masked_lm import CHOSEN_FRACTION, MASK_FRACTION, RANDOM_FRACTION, mask_tokens
 from lmc.tasks import CurveSplit, Task, check_curve_split
 
 TABLE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
@@ -34,6 +40,8 @@ TABLE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
 DEFAULT_SEQUENCE_LENGTH = 128
 #: HF ``DatasetDict`` split names tried for each curve split.
 DATASET_SPLITS = {"val": ("validation", "val", "valid", "dev"), "test": ("test",)}
+#: What an external model is evaluated on: lmc's tasks, and BERT's masked-LM objective (evaluation only).
+EvaluationTask = Task | Literal["masked_lm"]
 
 
 @dataclass(frozen=True)
@@ -54,11 +62,20 @@ class EvaluationDataOptions:
     """The text column of the user's tables."""
 
     label_column: str = "label"
-    """The label column of the user's tables (sequence classifiers)."""
+    """The label column of the user's tables (sequence classifiers; BERT pre-training's next-sentence
+    labels of sentence pairs: 0 when the second sentence follows the first, 1 when it is random)."""
+
+    pair_column: str = "text_pair"
+    """The second-sentence column of the user's tables (BERT masked-LM and pre-training models): if the
+    table has it, each row is a sentence pair, and a pre-training model's next-sentence head is scored too."""
+
+    mask_seed: int = 0
+    """The seed of BERT masked-LM evaluation's masks (15 % of the tokens; 80 % masked, 10 % random, 10 % kept),
+    drawn once: every point of the curves sees the same masks."""
 
     sequence_length: int | None = None
-    """Tokens per sequence of the user's text (windows for causal LMs, the longest text for classifiers);
-    default 128, or the model's positions if it has fewer."""
+    """Tokens per sequence of the user's text (windows for causal LMs, the longest text for classifiers and
+    masked LMs); default 128, or the model's positions if it has fewer."""
 
     def __post_init__(self) -> None:
         check_curve_split(self.split)
@@ -74,20 +91,24 @@ class EvaluationData:
 
     Attributes:
         dataset: Samples in lmc's batch format.
-        task: ``"causal_lm"``, ``"text_classification"`` or ``"image_classification"``.
+        task: ``"causal_lm"``, ``"text_classification"``, ``"image_classification"`` or ``"masked_lm"``.
         identity: What identifies the data in a sweep's key (path, settings, size and time stamp).
+        note: What the evaluation leaves out, to tell the user (``None``: nothing).
     """
 
     dataset: Dataset
-    task: Task
+    task: EvaluationTask
     identity: dict[str, Any]
+    note: str | None = None
 
 
-def model_task(model: nn.Module) -> Task:
+def model_task(model: nn.Module) -> EvaluationTask:
     """The task of a supported HF or timm model, from its class."""
     name = type(model).__name__
     if name.endswith(("ForCausalLM", "LMHeadModel")):
         return "causal_lm"
+    if name.endswith(("ForMaskedLM", "ForPreTraining")):
+        return "masked_lm"
     if name.endswith("ForSequenceClassification"):
         return "text_classification"
     if name.endswith("ForImageClassification"):
@@ -95,13 +116,14 @@ def model_task(model: nn.Module) -> Task:
     if type(model).__module__.startswith("timm."):
         return "image_classification"
     raise ValueError(
-        f"lmc does not know which data {name} evaluates on: it measures causal LMs, text and image classifiers "
-        "(a masked LM has no lmc task); lmc align and lmc equivalent take it"
+        f"lmc does not know which data {name} evaluates on: it measures causal LMs, masked LMs, text and image "
+        "classifiers; lmc align and lmc equivalent take it"
     )
 
 
-def read_columns(path: str | Path, columns: list[str], split: str) -> dict[str, list]:
-    """The named columns of a local HF dataset folder or a ``.json``/``.jsonl``/``.csv``/``.parquet`` file.
+def read_columns(path: str | Path, columns: list[str], split: str, optional: tuple[str, ...] = ()) -> dict[str, list]:
+    """The named columns of a local HF dataset folder or a ``.json``/``.jsonl``/``.csv``/``.parquet`` file,
+    and those of the ``optional`` ones it has.
 
     Raises:
         ValueError: Not a table lmc reads, or a column is missing (the message lists those present).
@@ -127,7 +149,7 @@ def read_columns(path: str | Path, columns: list[str], split: str) -> dict[str, 
             f"{path} has no column {missing[0]!r} (columns: {', '.join(map(str, table))}); "
             "name the right one with --text_column / --label_column"
         )
-    return {c: list(table[c]) for c in columns}
+    return {c: list(table[c]) for c in [*columns, *optional] if c in table}
 
 
 def _read_json(path: Path) -> dict[str, list]:
@@ -184,8 +206,9 @@ def evaluation_data(
         path: A ``.txt`` file, a table file, a ``save_to_disk`` folder or an image folder.
         model: The model to evaluate (its class says the task).
         tokenizer_folder: The HF model directory holding the tokenizer (text models).
-        options: The split of a ``DatasetDict`` folder, the tables' column names and the tokens
-            per window (causal LMs) or per text at most (classifiers).
+        options: The split of a ``DatasetDict`` folder, the tables' column names, the tokens
+            per window (causal LMs) or per text at most (classifiers, masked LMs) and the seed
+            of a masked LM's masks.
 
     Raises:
         ValueError: Data the model cannot evaluate, or that does not fit it (the message names the fix).
@@ -214,6 +237,8 @@ def evaluation_data(
         )
     tokenizer = _tokenizer(tokenizer_folder)
     identity.update(text_column=text_column, sequence_length=sequence_length)
+    if task == "masked_lm":
+        return _masked_lm_data(path, model, tokenizer, options, sequence_length, identity)
     if task == "causal_lm":
         texts = [_text(path)] if path.suffix == ".txt" else read_columns(path, [text_column], split)[text_column]
         tokens = _token_stream(tokenizer, [str(t) for t in texts], model.config.vocab_size)
@@ -228,8 +253,79 @@ def evaluation_data(
     identity["label_column"] = label_column
     table = read_columns(path, [text_column, label_column], split)
     labels = _labels(table[label_column], model.config, path)
-    ids, mask = _padded(tokenizer, [str(t) for t in table[text_column]], sequence_length, model.config.vocab_size)
-    return EvaluationData(TensorDictDataset(inputs=ids, attention_mask=mask, labels=labels), task, identity)
+    encoded = _padded(tokenizer, [str(t) for t in table[text_column]], sequence_length, model.config.vocab_size)
+    dataset = TensorDictDataset(inputs=encoded["input_ids"], attention_mask=encoded["attention_mask"], labels=labels)
+    return EvaluationData(dataset, task, identity)
+
+
+def _masked_lm_data(
+    path: Path,
+    model: nn.Module,
+    tokenizer,
+    options: EvaluationDataOptions,
+    sequence_length: int,
+    identity: dict[str, Any],
+) -> EvaluationData:
+    """BERT masked-LM samples (:mod:`lmc.formats.masked_lm`), with next-sentence labels for a pre-training
+    model given sentence pairs."""
+    name, vocab_size = type(model).__name__, model.config.vocab_size
+    if tokenizer.mask_token_id is None:
+        raise ValueError(
+            f"the tokenizer of {tokenizer.name_or_path} has no mask token: {name} is evaluated on masked tokens; "
+            "save the tokenizer it was trained with (BERT's has [MASK]) beside the model"
+        )
+    pretraining = name.endswith("ForPreTraining")
+    if path.suffix == ".txt":
+        table = {options.text_column: [line for line in _text(path).splitlines() if line.strip()]}
+    else:
+        optional = (options.pair_column, options.label_column) if pretraining else (options.pair_column,)
+        table = read_columns(path, [options.text_column], options.split, optional)
+    texts = [str(t) for t in table[options.text_column]]
+    pairs = [str(t) for t in table[options.pair_column]] if options.pair_column in table else None
+    if not texts:
+        raise ValueError(f"{path} holds no text: give {name} one text per line of a .txt file or per table row")
+    encoded = _padded(tokenizer, texts, sequence_length, vocab_size, pairs)
+    ids, attention = encoded["input_ids"], encoded["attention_mask"]
+    special = torch.tensor(sorted(tokenizer.all_special_ids))
+    candidates = attention.bool() & ~torch.isin(ids, special)
+    if not candidates.any():
+        raise ValueError(f"{path} gives no token to mask: every token is special or padding; give more text")
+    vocabulary = torch.tensor(sorted(tokenizer.get_vocab().values()))
+    replacements = vocabulary[~torch.isin(vocabulary, special) & (vocabulary < vocab_size)]
+    inputs, labels = mask_tokens(ids, candidates, tokenizer.mask_token_id, replacements, options.mask_seed)
+    samples = {"inputs": inputs, "attention_mask": attention, "labels": labels}
+    recipe = {"chosen": CHOSEN_FRACTION, "masked": MASK_FRACTION, "random": RANDOM_FRACTION}
+    identity.update(mask_seed=options.mask_seed, masking=recipe)
+    note = None
+    if pairs is not None:
+        identity["pair_column"] = options.pair_column
+        samples["token_type_ids"] = encoded["token_type_ids"]
+    if pretraining and pairs is None:
+        note = (
+            f"{name}: only the masked-LM head is evaluated; its next-sentence head needs sentence pairs "
+            f"(a table with a {options.pair_column!r} column, --pair_column, and 0/1 labels, --label_column)"
+        )
+    elif pretraining:
+        if options.label_column not in table:
+            raise ValueError(
+                f"{path} gives sentence pairs but no next-sentence labels (no column {options.label_column!r}): "
+                "add 0/1 labels (0: the second sentence follows the first, 1: it is random) or name their column "
+                "with --label_column"
+            )
+        identity["label_column"] = options.label_column
+        samples["next_sentence_label"] = _next_sentence_labels(table[options.label_column], path)
+    return EvaluationData(TensorDictDataset(**samples), "masked_lm", identity, note)
+
+
+def _next_sentence_labels(values: list, path: Path) -> torch.Tensor:
+    """BERT's next-sentence labels ``(N,)``: 0 when the second sentence follows the first, 1 when it is random."""
+    bad = [v for v in values if isinstance(v, bool) or v not in (0, 1)]
+    if bad:
+        raise ValueError(
+            f"{path}: next-sentence label {bad[0]!r} is neither 0 (the second sentence follows the first) nor 1 "
+            "(it is a random sentence)"
+        )
+    return torch.tensor([int(v) for v in values], dtype=torch.long)
 
 
 #: The files that hold a tokenizer's vocabulary: without one, AutoTokenizer may build one that maps every word to
@@ -296,16 +392,24 @@ def _token_stream(tokenizer, texts: list[str], vocab_size: int) -> torch.Tensor:
     return tokens
 
 
-def _padded(tokenizer, texts: list[str], length: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    encoded = tokenizer(texts, truncation=True, max_length=length)["input_ids"]
+def _padded(
+    tokenizer, texts: list[str], length: int, vocab_size: int, pairs: list[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` ``(N, length)`` of the texts (or of the pairs ``text, pair``,
+    then with ``token_type_ids``), truncated and padded to ``length`` tokens."""
+    encoded = tokenizer(texts, pairs, truncation=True, max_length=length)
     pad = tokenizer.pad_token_id or 0
-    ids = torch.full((len(encoded), length), pad, dtype=torch.long)
-    mask = torch.zeros(len(encoded), length, dtype=torch.long)
-    for row, sequence in enumerate(encoded):
+    ids = torch.full((len(texts), length), pad, dtype=torch.long)
+    result = {"input_ids": ids, "attention_mask": torch.zeros_like(ids)}
+    if pairs is not None:
+        result["token_type_ids"] = torch.zeros_like(ids)
+    for row, sequence in enumerate(encoded["input_ids"]):
         ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
-        mask[row, : len(sequence)] = 1
+        result["attention_mask"][row, : len(sequence)] = 1
+        if pairs is not None:
+            result["token_type_ids"][row, : len(sequence)] = torch.tensor(encoded["token_type_ids"][row])
     _check_vocabulary(ids, vocab_size)
-    return ids, mask
+    return result
 
 
 def _labels(values: list, config, path: Path) -> torch.Tensor:

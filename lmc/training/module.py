@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from torchmetrics import MeanMetric
 
 from lmc.adapters import adapter_for, scope_parameters
 from lmc.checkpoints import CheckpointError, load_weights, read_checkpoint
+from lmc.data.base import NOT_SCORED
 from lmc.io import atomic_write
 from lmc.models import create_model
 from lmc.symmetry import Scope, check_scope
@@ -189,16 +191,43 @@ def classification_sums(logits: torch.Tensor, labels: torch.Tensor) -> dict[str,
     """``count``, summed cross-entropy ``loss`` and ``accuracy`` (correct predictions) as float64 scalars.
 
     Args:
-        logits: ``(B, classes)`` or ``(B, T, vocab)``, any float dtype (the loss is taken in float32).
+        logits: ``(B, classes)`` or ``(B, T, vocab)``, any float dtype (the loss is taken in float32,
+            or in float64 for float64 logits).
         labels: ``(B,)`` or ``(B, T)`` class indices.
     """
     labels = labels.reshape(-1)
-    logits = logits.reshape(-1, logits.shape[-1]).float()
+    logits = logits.reshape(-1, logits.shape[-1])
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     return {
         "count": torch.tensor(labels.numel(), dtype=torch.float64, device=labels.device),
         "loss": F.cross_entropy(logits, labels, reduction="sum").double(),
         "accuracy": (logits.argmax(-1) == labels).sum().double(),
     }
+
+
+def masked_lm_sums(output: Mapping[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Float64 sums of a masked-LM batch (:mod:`lmc.formats.masked_lm`): ``count`` chosen positions,
+    their summed cross-entropy ``loss`` and correct predictions ``accuracy``; with next-sentence
+    labels also ``next_sentence/count``, ``next_sentence/loss`` and ``next_sentence/accuracy``
+    over the pairs (each metric is divided by its own count,
+    :func:`lmc.connectivity.interpolation.point_metrics`).
+
+    Args:
+        output: The model's output: ``BertForMaskedLM``'s ``logits`` ``(B, T, V)`` or
+            ``BertForPreTraining``'s ``prediction_logits`` ``(B, T, V)`` and
+            ``seq_relationship_logits`` ``(B, 2)``.
+        batch: ``labels`` ``(B, T)``: the original token at chosen positions, ``NOT_SCORED``
+            elsewhere; ``next_sentence_label`` ``(B,)`` (0: the second sentence follows the
+            first, 1: it is a random one, HF's convention) when the data gives sentence pairs.
+    """
+    logits = output["prediction_logits"] if "prediction_logits" in output else output["logits"]
+    labels = batch["labels"]
+    chosen = labels != NOT_SCORED
+    sums = classification_sums(logits[chosen], labels[chosen])
+    if "next_sentence_label" in batch:
+        pairs = classification_sums(output["seq_relationship_logits"], batch["next_sentence_label"])
+        sums.update({f"next_sentence/{name}": value for name, value in pairs.items()})
+    return sums
 
 
 #: Hyper-parameters that fix the backbone's architecture (the rest are training settings).

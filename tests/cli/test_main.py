@@ -13,6 +13,7 @@ from lmc.cli import main
 from lmc.cli.parsing import underscored
 from lmc.cli.symmetry import run
 from lmc.experiments.protocol import experiment_cli
+from lmc.models import create_model
 from tests.cli import fails
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -30,6 +31,17 @@ def test_symmetry_demo_rows_show_exact_symmetries_and_broken_near_misses(capsys)
     # GQA 4/2: 2! KV orders times 2! inside each group, and per KV head H(8)'s 8 and GL(8)'s 64.
     assert rows["llama-tiny"]["layer_group"] == f"8 orders, dim {2 * (8 + 64)}"
     assert rows["llama-tiny"]["symmetry"] < 2e-6  # RMSNorm in float32
+    # The first FFN's hidden units and the residual stream, from the models' own configs: width! and d! orders.
+    llama = create_model("llama-tiny").config
+    assert (rows["llama-tiny"]["ffn"], rows["llama-tiny"]["residual"]) == (
+        f"{llama.intermediate_size}!",
+        f"{llama.hidden_size}!",
+    )
+    vit = create_model("vit-tiny")
+    assert (rows["vit-tiny"]["ffn"], rows["vit-tiny"]["residual"]) == (
+        f"{vit.blocks[0].mlp.fc2.in_features}!",
+        f"{vit.embed_dim}!",
+    )
     for name in ("llama-tiny", "roformer-tiny", "gpt-neox-tiny"):
         assert rows[name]["gl_on_qk"] > 1e-4 and rows[name]["other_h"] > 1e-4
     assert all(row["weights"] > 0.5 for row in rows.values())

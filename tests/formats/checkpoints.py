@@ -11,6 +11,7 @@ from lmc.models import create_model, randomize_parameters_
 
 WORDS = "the a cat dog sat ran on under mat log red blue big small and".split()
 SPECIAL = ["[PAD]", "[UNK]", "[EOS]"]
+BERT_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 # test id -> (zoo name, config overrides); every one of lmc's HF and timm families.
 HF_MODELS = {
@@ -58,6 +59,14 @@ def save_tokenizer(folder: Path) -> None:
         tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]"
     )
     tokenizer.save_pretrained(str(folder))
+
+
+def save_bert_tokenizer(folder: Path) -> None:
+    """A BERT tokenizer of :data:`WORDS` ([CLS] ... [SEP], a [MASK] token; ids below 64) saved into ``folder``."""
+    from transformers import BertTokenizer
+
+    vocabulary = {word: index for index, word in enumerate(BERT_SPECIAL + WORDS)}
+    BertTokenizer(vocab=vocabulary).save_pretrained(str(folder))
 
 
 def save_hf(network: nn.Module, folder: Path, tokenizer: bool = True, max_shard_size: str | None = None) -> Path:

@@ -18,10 +18,17 @@ def test_interpolate_takes_its_data_flags_as_one_value_under_their_old_names():
     assert len(inspect.signature(interpolate).parameters) == 11  # was 15
     parser = parser_for(interpolate)
     flags = ["--split", "test", "--batch_size", "4", "--text_column", "body", "--label_column", "y"]
-    config = parser.parse_args(["a", "b", *flags, "--sequence_length", "8", "--method", "orthogonal"])
+    flags += ["--pair_column", "second", "--mask_seed", "7", "--sequence_length", "8"]
+    config = parser.parse_args(["a", "b", *flags, "--method", "orthogonal"])
     arguments = parser.instantiate_classes(config)
     assert EvaluationDataOptions(**{k: arguments[k] for k in vars(EvaluationDataOptions())}) == EvaluationDataOptions(
-        split="test", batch_size=4, text_column="body", label_column="y", sequence_length=8
+        split="test",
+        batch_size=4,
+        text_column="body",
+        label_column="y",
+        pair_column="second",
+        mask_seed=7,
+        sequence_length=8,
     )
     assert arguments["method"] == "orthogonal" and "data_options" not in arguments
 

@@ -279,14 +279,3 @@ def test_an_image_folder_needs_one_folder_per_class_of_the_model(tmp_path, capsy
         ["interpolate", *map(str, folders), "--data", str(images.parent), "--output-dir", str(tmp_path / "o")], capsys
     )
     assert f"class folder {classes} is not one of the model's {classes} classes" in error
-
-
-def test_masked_lm_folders_are_refused_naming_what_takes_them(tmp_path, capsys):
-    """A masked LM has no lmc task to measure curves on: refused before any data is read."""
-    a, b = (str(save_hf(model("bert-mlm-tiny", {}, seed=s), tmp_path / f"m{s}")) for s in (0, 1))
-    text = tmp_path / "eval.txt"
-    text.write_text("\n".join(sentences(12)))
-    error = fails(["interpolate", a, b, "--data", str(text), "--output-dir", str(tmp_path / "o")], capsys)
-    assert "lmc does not know which data BertForMaskedLM evaluates on" in error
-    assert "lmc align and lmc equivalent take it" in error
-    assert not (tmp_path / "o").exists()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 
 import pytest
 import torch
 
-from lmc.adapters import describe, model_spec, scope_parameters
+from lmc.adapters import describe, describe_scopes, model_spec, scope_parameters
+from lmc.models.reference import ReferenceTransformer
 from lmc.symmetry import read_attention, write_attention
 from tests.architectures import ARCHITECTURES, build
 
@@ -45,6 +47,38 @@ EXPECTED = {
     "timm-eva02": ("rope", "axial", 4, 4, 8, "H", 8),
 }
 KEYS = ("pe", "rope_layout", "num_heads", "num_kv_heads", "head_dim", "qk_group", "qk_group_dim")
+# test id -> the sizes of the permutation groups beyond the blocks that full_model moves, from each config
+OTHER_UNITS = {
+    "bert": [32],  # the tanh pooler's hidden_size units
+    "bert-mlm-untied": [32],  # the masked-LM transform's hidden_size units, untied from the word embeddings
+    "bert-pretraining": [32],  # the pooler under the next-sentence head
+    "roformer": [32],  # the classifier MLP's hidden_size units
+    "roformer-projected": [16, 32],  # the embedding_size space before embeddings_project, and the classifier's
+    "timm-vit-reg": [3],  # the 3 register tokens
+}
+# A fixed sinusoidal table is added to the stream: no non-trivial permutation of it is a symmetry (docs/spec.md).
+NO_RESIDUAL = {"ref-bert-sinusoidal"}
+
+
+def _head_orders(num_heads: int, num_kv_heads: int) -> int:
+    """Head orders counted by enumeration: those that keep every query head with its KV head's group."""
+    per_kv = num_heads // num_kv_heads
+    return sum(
+        all(len({head // per_kv for head in order[g : g + per_kv]}) == 1 for g in range(0, num_heads, per_kv))
+        for order in itertools.permutations(range(num_heads))
+    )
+
+
+def _widths(model) -> tuple[int, int]:
+    """The FFN's hidden width and the residual width, read from the model's own config or modules (not the spec)."""
+    if isinstance(model, ReferenceTransformer):
+        return model.config.mlp_hidden, model.config.width
+    if type(model).__module__.startswith("timm."):
+        return model.blocks[0].mlp.fc2.in_features, model.embed_dim  # fc2 reads the hidden units (SwiGLU's too)
+    config = model.config
+    if config.model_type == "gpt2":
+        return config.n_inner or 4 * config.n_embd, config.n_embd
+    return config.intermediate_size, config.hidden_size
 
 
 @pytest.mark.parametrize("key", list(ARCHITECTURES))
@@ -54,15 +88,38 @@ def test_describe_reports_each_layer_group(key):
     for layer in layers:
         assert tuple(layer[k] for k in KEYS) == EXPECTED[key]
         assert layer["vo_group"] == "GL" and layer["vo_group_dim"] == layer["head_dim"] ** 2
-        # Head orders counted by enumeration: those that keep every query head with its KV head's group.
-        per_kv = layer["num_heads"] // layer["num_kv_heads"]
-        kept = [
-            order
-            for order in itertools.permutations(range(layer["num_heads"]))
-            if all(len({head // per_kv for head in order[g : g + per_kv]}) == 1 for g in range(0, len(order), per_kv))
-        ]
-        assert layer["head_permutations"] == len(kept)
+        assert layer["head_permutations"] == _head_orders(layer["num_heads"], layer["num_kv_heads"])
         assert layer["group_dim"] == layer["num_kv_heads"] * (layer["qk_group_dim"] + layer["head_dim"] ** 2)
+
+
+@pytest.mark.parametrize("key", list(ARCHITECTURES))
+def test_describe_reports_each_blocks_ffn_and_each_scope_every_permutation_group(key):
+    model = build(key)
+    ffn, d = _widths(model)
+    ffn_groups = [(layer["ffn_width"], layer["ffn_permutations"]) for layer in describe(model)]
+    assert ffn_groups == [(ffn, math.factorial(ffn))] * 2
+    _, _, num_heads, num_kv_heads, head_dim, _, qk_dim = EXPECTED[key]
+    heads, continuous = _head_orders(num_heads, num_kv_heads), num_kv_heads * (qk_dim + head_dim**2)
+    residual = 0 if key in NO_RESIDUAL else d
+    others = math.prod(math.factorial(n) for n in OTHER_UNITS.get(key, []))
+    whole = heads**2 * math.factorial(ffn) ** 2 * math.factorial(residual) * others
+    # scope -> (attention layers, FFNs, residual width, order of the discrete group) of the two-block model
+    expected = {
+        "first_attention": ([0], [], 0, heads),
+        "all_attention": ([0, 1], [], 0, heads**2),
+        "first_block": ([0], [0], 0, heads * math.factorial(ffn)),
+        "full_model": ([0, 1], [0, 1], residual, whole),
+    }
+    scopes = describe_scopes(model)
+    assert list(scopes) == list(expected)
+    for scope, (attention, feed_forwards, residual_width, order) in expected.items():
+        found = scopes[scope]
+        assert found["attention_layers"] == attention and found["feed_forwards"] == feed_forwards, scope
+        assert found["residual_width"] == residual_width, scope
+        assert found["group_dim"] == len(attention) * continuous, scope
+        assert found["residual_permutations"] == math.factorial(residual_width), scope
+        assert found["other_permutations"] == (others if scope == "full_model" else 1), scope
+        assert found["permutations"] == order, scope
 
 
 def test_scope_parameters_name_the_reinitialized_parts():
