@@ -40,8 +40,9 @@ def cluster(tmp_path_factory):
     slurm.stop(running)
 
 
-def _pause(marker: Path, stage: str) -> list[dict]:
-    return [{"class_path": "tests.interruptions.PauseOnce", "init_args": {"marker": str(marker), "stage": stage}}]
+def _pause(marker: Path, stage: str, batch: int = 2) -> list[dict]:
+    init = {"marker": str(marker), "stage": stage, "batch": batch}
+    return [{"class_path": "tests.interruptions.PauseOnce", "init_args": init}]
 
 
 def _results(folder: Path) -> dict:

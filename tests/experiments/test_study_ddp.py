@@ -180,9 +180,10 @@ def test_a_ddp_study_on_slurm_with_a_fit_requeued_mid_way_ends_identical_to_it_u
     monkeypatch.chdir(ROOT)
     marker = tmp_path / "paused.json"
     pause = tmp_path / "pause.yaml"
-    pause.write_text(yaml.safe_dump({"trainer": {"callbacks": _pause(marker, "seed1")}}))
+    # at its second and last training batch (configs/study/quick_runs.yaml: limit_train_batches 2)
+    pause.write_text(yaml.safe_dump({"trainer": {"callbacks": _pause(marker, "seed1", batch=1)}}))
     study = _study_file(tmp_path / "slurm", [str(pause)])
-    requeuer, requeued = cluster.requeue_when_paused(marker)
+    requeuer, requeued = cluster.requeue_when_paused(marker, timeout=400)  # after the pre-training and seed 0
     capsys.readouterr()
     on_slurm = ["--executor", "slurm", "--tasks_per_node", "2", "--cpus_per_job", "1", "--time_limit_min", "10"]
     _repro(study, *on_slurm, "--max_jobs", "2")
