@@ -15,7 +15,8 @@ class PauseOnce(lightning.Callback):
     ``marker`` (the process id and the SLURM job id), so a test can kill or requeue the job mid-fit.
 
     A later attempt finds the marker and trains through. Cosmetic for ``lmc run``: callbacks are
-    no part of a stage's key, so the stage's results are those of a run without it.
+    no part of a stage's key, so the stage's results are those of a run without it. In a DDP fit
+    rank 0 pauses; the other ranks wait for it in the step's gradient all-reduce.
     """
 
     def __init__(self, marker: str, stage: str, batch: int = 2, seconds: float = 120.0):
@@ -23,6 +24,8 @@ class PauseOnce(lightning.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.logger is None or trainer.logger.name != self.stage or batch_idx != self.batch:
+            return
+        if trainer.global_rank != 0:
             return
         if self.marker.exists():
             return

@@ -9,11 +9,13 @@ states with ``squeue``), root as the SLURM user, ports picked free on localhost.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,25 @@ class Cluster:
                 self.command("scontrol", "update", f"jobid={job_id}", "StartTime=now", check=False)
             time.sleep(0.5)
         raise RuntimeError(f"job {job_id} did not start again within {timeout} s of its requeue: {self.logs()}")
+
+    def requeue_when_paused(self, marker: Path, timeout: float = 150.0) -> tuple[threading.Thread, list[str]]:
+        """A started thread that requeues the job ``marker`` names once it is written (a fit paused by
+        tests/interruptions.py's ``PauseOnce``), and the list it puts that job's id in; nothing if
+        ``marker`` is not written within ``timeout`` seconds."""
+        requeued: list[str] = []
+
+        def requeue() -> None:
+            deadline = time.monotonic() + timeout
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if marker.exists():
+                job = json.loads(marker.read_text())["slurm_job_id"]
+                self.requeue(job)
+                requeued.append(job)
+
+        thread = threading.Thread(target=requeue)
+        thread.start()
+        return thread, requeued
 
     def logs(self) -> str:
         """The last lines of the daemons' logs, for a failure message."""

@@ -19,8 +19,10 @@ def repro(
 
     Each pre-training and each run is a job: processes on this machine by default, or a SLURM cluster
     (--executor slurm; docs/reproduction.md). Runs resume after a kill (finished fits and sweep
-    points are kept) and a rerun submits only the unfinished jobs. Each job computes with one thread,
-    so the numbers do not depend on --jobs or on where the jobs run.
+    points are kept) and a rerun submits only the unfinished jobs. Each job computes with one
+    thread, so the numbers do not depend on --jobs or on where the jobs run. With --tasks_per_node
+    (or --gpus_per_job, --nodes) above 1 every fit is a Lightning DDP job of its own, which trains
+    other models than one process (docs/reproduction.md).
 
     Args:
         study: A study config, or a list of them, later ones overriding earlier ones

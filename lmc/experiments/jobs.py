@@ -99,6 +99,16 @@ class Cluster:
         """Processes of a fit on each node (its DDP ranks there): ``tasks_per_node``, else one per GPU, else one."""
         return self.tasks_per_node or max(1, self.gpus_per_job)
 
+    def fit_trainer(self) -> dict[str, Any]:
+        """The trainer settings of a fit that uses every process its job starts: none for one process,
+        else one Lightning DDP fit of ``nodes`` x :attr:`fit_tasks` ranks on the job's GPUs, or on CPUs
+        (gloo) without GPUs. ``lmc repro`` gives them to its fits; ``lmc run`` asks for them in the
+        experiment's trainer (it refuses a trainer without them)."""
+        if self.fit_tasks == 1 and self.nodes == 1:
+            return {}
+        accelerator = "gpu" if self.gpus_per_job else "cpu"
+        return {"strategy": "ddp", "accelerator": accelerator, "devices": self.fit_tasks, "num_nodes": self.nodes}
+
 
 def ignore_srun_hint() -> None:
     """Silence Lightning's hint to start this process with ``srun`` (it warns wherever SLURM is installed):
@@ -181,6 +191,8 @@ def _in_job(call: Callable[[], Any], threads: int, parent: int | None, main_port
         local_rank = os.environ["SUBMITIT_LOCAL_LOCALID"]
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(main_port), NODE_RANK="0", LOCAL_RANK=local_rank)
     torch.set_num_threads(threads)
+    # Lightning's DDP launch sets a thread count of its own (the CPUs over the ranks) unless this is set.
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         return call()
     except SystemExit as error:  # submitit passes exceptions back, not exits

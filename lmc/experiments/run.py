@@ -93,6 +93,11 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _seed_stage(seed: int) -> str:
+    """The name of seed ``seed``'s fine-tuning: its stage folder, its job, its TensorBoard run."""
+    return f"seed{seed}"
+
+
 @dataclass
 class _Stage:
     """One training run of the protocol: its folder, configuration and upstream."""
@@ -177,7 +182,7 @@ class Experiment:
             # Data order and dropout differ per seed; 100 apart from pre-training's seed.
             "seed_everything": base_seed + 100 + seed,
         }
-        name = f"seed{seed}"
+        name = _seed_stage(seed)
         config = self._stage_config(name, overrides, self.protocol.finetune)
         config_for_key = copy.deepcopy(config)
         config_for_key["model.pretrained"] = None  # the upstream key stands for the checkpoint
@@ -228,7 +233,9 @@ class Experiment:
             trainer.save_checkpoint(checkpoint, weights_only=True)
             return checkpoint
         atomic_write(checkpoint, lambda path: trainer.save_checkpoint(path, weights_only=True))
-        atomic_write_json(stage.folder(self.root) / "stage.json", {"key": stage.key, "name": stage.name})
+        # The ranks it trained on: a DDP fit trains another model than one process (docs/experiments.md).
+        record = {"key": stage.key, "name": stage.name, "world_size": trainer.world_size}
+        atomic_write_json(stage.folder(self.root) / "stage.json", record)
         return checkpoint
 
     # -- alignment and sweeps ----------------------------------------------------------------
@@ -406,8 +413,14 @@ class Experiment:
             i, j = name.removeprefix("pair").split("_")
             self.run_pair(int(i), int(j))
 
-    def jobs(self) -> list[Job]:
+    def jobs(self, pending_upstream: bool = False) -> list[Job]:
         """The run's jobs with their dependencies; those finished in an earlier run say so.
+
+        Args:
+            pending_upstream: The checkpoint the fine-tunings start from is still to be trained by a
+                job that is not one of these (``lmc repro``'s pre-training of the family): no
+                fine-tuning or pair counts as finished, and none of their keys is read (a
+                ``protocol.pretrained`` key needs the file).
 
         Raises:
             RunError: A stage folder holds another configuration's results (and not ``protocol.overwrite``).
@@ -419,12 +432,14 @@ class Experiment:
                 Job("pretrain", source.step("pretrain"), finished=self._finished(self.pretrain_stage()), fit=True)
             )
         after = ("pretrain",) if self.protocol.pretrained is None else ()
-        stages = self.finetune_stages()
-        for seed, stage in enumerate(stages):
-            jobs.append(Job(stage.name, source.step(stage.name), after, finished=self._finished(stage), fit=True))
+        stages = None if pending_upstream else self.finetune_stages()
+        for seed in range(self.protocol.seeds):
+            finished = stages is not None and self._finished(stages[seed])
+            jobs.append(Job(_seed_stage(seed), source.step(_seed_stage(seed)), after, finished=finished, fit=True))
         for i, j in self.pairs():
-            finished = self.finished_pair(stages, i, j) is not None
-            jobs.append(Job(f"pair{i}_{j}", source.step(f"pair{i}_{j}"), (stages[i].name, stages[j].name), finished))
+            finished = stages is not None and self.finished_pair(stages, i, j) is not None
+            name = f"pair{i}_{j}"
+            jobs.append(Job(name, source.step(name), (_seed_stage(i), _seed_stage(j)), finished))
         return jobs
 
     def run(self, cluster: Cluster | None = None) -> dict[str, Any]:

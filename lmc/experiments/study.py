@@ -13,6 +13,10 @@ The pre-trainings and then the runs are jobs (:mod:`lmc.experiments.jobs`: proce
 machine by default, ``jobs`` at a time, or a SLURM cluster), longest first, each computing with one
 thread: the numbers do not depend on where or in which order the jobs run, and the same command on
 the same machine prints the same numbers. A rerun submits only the jobs that have not finished.
+On a cluster whose fits span several processes (``tasks_per_node``, ``gpus_per_job`` or ``nodes``
+above one), every fit is one Lightning DDP run and a job of its own (``lmc run``'s stages:
+each seed's fine-tuning, then each pair's alignments and sweeps in one process), and a run's job
+only summarizes it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,6 +102,10 @@ class Study:
         overlays: Configs added to every run after the family's own (e.g. the quick form's).
         output_dir: Root of the run folders.
         report: The Markdown report; its figures go into a folder of the same name without ``.md``.
+        fit_trainer: Trainer settings of every fit over the configs' own: a Lightning DDP fit's
+            when the cluster's fits span several processes
+            (:meth:`~lmc.experiments.jobs.Cluster.fit_trainer`). :func:`run_study` sets them from
+            its cluster; a study config cannot.
     """
 
     families: list[Family]
@@ -110,6 +119,7 @@ class Study:
     overlays: list[str] = field(default_factory=list)
     output_dir: str = "runs/repro"
     report: str = "docs/results.md"
+    fit_trainer: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.families:
@@ -233,7 +243,9 @@ class Study:
         run's protocol is built from their parse by :meth:`protocol`."""
         table1 = [self.table1] if self.table1_run(family, strategy) else []
         configs = [family.experiment, *family.configs, *table1, *self.overlays]
-        return [*(part for config in configs for part in ("--config", config)), "--trainer.enable_progress_bar=false"]
+        fit = [f"--trainer.{name}={value}" for name, value in self.fit_trainer.items()]
+        arguments = [part for config in configs for part in ("--config", config)]
+        return [*arguments, "--trainer.enable_progress_bar=false", *fit]
 
     def protocol(self, family: Family, strategy: Scope, cli: LightningCLI, pretraining: bool = False) -> Protocol:
         """The :class:`~lmc.experiments.protocol.Protocol` of one strategy's run of a family.
@@ -291,7 +303,7 @@ def load_study(paths: list[str | Path]) -> Study:
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--config", action="config")
-    parser.add_class_arguments(Study, "study")
+    parser.add_class_arguments(Study, "study", skip={"fit_trainer"})  # the cluster's, not the study's
     args = [part for path in paths for part in ("--config", str(_study_config(path)))]
     try:
         config = parser.parse_args(args)
@@ -401,27 +413,24 @@ def schedule(study: Study) -> list[Job]:
     return pretrainings + sorted(runs, key=size, reverse=True)
 
 
-def _run_logged(study: Study, task: Job) -> float:
-    """One task in a worker process (one thread), its output appended to its run folder's
-    ``log.txt``; returns its wall time in seconds."""
+def _logged(log: Path, call: Callable[[], Any]) -> float:
+    """``call()`` in a job's process (one thread), its output appended to ``log`` (a run folder's
+    ``log.txt``); returns its wall time in seconds."""
     import logging
 
     import torch
 
     torch.set_num_threads(THREADS)
-    task.log(study).parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    with open(task.log(study), "a") as log:
+    with open(log, "a") as opened:
         sys.stdout.flush(), sys.stderr.flush()
         saved = os.dup(1), os.dup(2)
-        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        os.dup2(opened.fileno(), 1), os.dup2(opened.fileno(), 2)
         try:
             for name in ("lightning.pytorch", "lightning.fabric"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-            if task.strategy is None:
-                pretrain(study, task.family)
-            else:
-                run_strategy(study, task.family, task.strategy)
+            call()
         finally:
             sys.stdout.flush(), sys.stderr.flush()
             os.dup2(saved[0], 1), os.dup2(saved[1], 2)
@@ -477,10 +486,31 @@ def finished(study: Study, task: Job) -> bool:
     return all(job.finished for job in experiment.jobs())
 
 
-def _task_job(study: Study, task: Job) -> SubmittedJob:
+def _task_job(study: Study, task: Job, stages: list[SubmittedJob]) -> SubmittedJob:
+    """A task as a job, after its family's pre-training and after ``stages``, the jobs of its run's
+    fits and pairs where they are jobs of their own (:func:`_stage_jobs`)."""
     after = () if task.strategy is None else (Job(study.pretraining_family(task.family)).name,)
+    after += tuple(stage.name for stage in stages if not stage.fit)  # the pairs, which come after the fits
     call = _StudyTask(study, task)
     return SubmittedJob(task.name, call, after, finished(study, task), fit=task.strategy is None, log=task.log(study))
+
+
+def _stage_jobs(study: Study, task: Job) -> list[SubmittedJob]:
+    """The fine-tunings and pairs of run ``task`` as jobs of their own: ``lmc run``'s
+    (:meth:`~lmc.experiments.run.Experiment.jobs`), named ``<family>/<strategy>/seed<k>`` and
+    ``.../pair<i>_<j>``, the fine-tunings after the family's pre-training job, each job's output in
+    the run's ``log.txt``. The run's own job then only summarizes."""
+    experiment = study.experiment(task.family, task.strategy)
+    pretraining = Job(study.pretraining_family(task.family)).name
+    stages = []
+    for job in experiment.jobs(pending_upstream=not study.pretrained(task.family).is_file()):
+        if job.name == "pretrain":  # the study's own pre-training job trains it
+            continue
+        after = tuple(f"{task.name}/{name}" for name in job.after if name != "pretrain")
+        after += (pretraining,) if job.fit else ()
+        call = _Logged(task.log(study), job.call)
+        stages.append(dataclasses.replace(job, name=f"{task.name}/{job.name}", call=call, after=after, log=call.log))
+    return stages
 
 
 @dataclass(frozen=True)
@@ -491,33 +521,60 @@ class _StudyTask:
     task: Job
 
     def __call__(self) -> float:
-        return _run_logged(self.study, self.task)
+        return _logged(self.task.log(self.study), self.run)
+
+    def run(self) -> None:
+        if self.task.strategy is None:
+            pretrain(self.study, self.task.family)
+        else:
+            run_strategy(self.study, self.task.family, self.task.strategy)
+
+
+@dataclass(frozen=True)
+class _Logged:
+    """A job's callable (picklable) with its output appended to ``log``: its wall time in seconds."""
+
+    log: Path
+    call: Callable[[], Any]
+
+    def __call__(self) -> float:
+        return _logged(self.log, self.call)
 
 
 def run_study(study: Study, jobs: int = 2, cluster: Cluster | None = None) -> dict[str, float]:
     """Run every task of :func:`schedule` not finished earlier as a job on ``cluster`` (``None``:
     processes on this machine), ``jobs`` at a time unless ``cluster.max_jobs`` says otherwise, one
-    thread each; returns each run task's wall time in seconds, also written to
+    thread each; returns each job's wall time in seconds, also written to
     ``<output_dir>/times.json``, and records the :func:`machine` in ``<output_dir>/machine.json``.
 
+    A run is one job (its fits, alignments and sweeps in one process, one after another), unless
+    the cluster's fits span several processes: then each fit is a Lightning DDP job of its own
+    (:meth:`~lmc.experiments.jobs.Cluster.fit_trainer`), each pair a one-process job, and the run's
+    job summarizes.
+
     Raises:
-        ValueError: ``jobs`` below 1, or a cluster whose fits would span several processes.
+        ValueError: ``jobs`` below 1, or fits of several processes on the ``inline`` executor.
         JobFailedError: A task failed (named with its log); the tasks after it were not run.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     cluster = cluster or Cluster()
-    if cluster.fit_tasks > 1 or cluster.nodes > 1:
-        # A run job fine-tunes, aligns and sweeps in one process: its fits could not join the ranks.
+    ddp = cluster.fit_trainer()
+    if ddp and cluster.executor == "inline":
         raise ValueError(
-            f"lmc repro runs each strategy's stages in one process of one job, so its fits cannot be DDP fits of "
-            f"{cluster.nodes} node(s) x {cluster.fit_tasks} process(es) (--nodes, --tasks_per_node, "
-            "--gpus_per_job): give each job one process (--gpus_per_job 1 for a GPU each), or run a family's "
-            "experiment with lmc run --cluster.tasks_per_node N for DDP fits"
+            f"the inline executor runs every job in this one process, so its fits cannot be DDP fits of "
+            f"{cluster.nodes} node(s) x {cluster.fit_tasks} process(es) (--nodes, --tasks_per_node, --gpus_per_job): "
+            "use --executor local or slurm, or give each fit one process"
         )
+    if ddp:
+        study = dataclasses.replace(study, fit_trainer=ddp)
     with folder_lock(study.output_dir, "lmc repro"):  # two studies never write one folder at once
         atomic_write_json(Path(study.output_dir) / MACHINE, machine())
-        submitted = [_task_job(study, task) for task in schedule(study)]
+        submitted = []
+        for task in schedule(study):
+            # One process per job: a run's stages in its one job, which saves each stage's start-up.
+            stages = _stage_jobs(study, task) if ddp and task.strategy is not None else []
+            submitted += [*stages, _task_job(study, task, stages)]
         folder = Path(study.output_dir) / "jobs"
         times = run_jobs(submitted, cluster, folder, THREADS, default_max_jobs=jobs)
         atomic_write_json(Path(study.output_dir) / "times.json", times)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import threading
 import time
 from pathlib import Path
 
@@ -41,8 +40,9 @@ def cluster(tmp_path_factory):
     slurm.stop(running)
 
 
-def _pause(marker: Path, stage: str) -> list[dict]:
-    return [{"class_path": "tests.interruptions.PauseOnce", "init_args": {"marker": str(marker), "stage": stage}}]
+def _pause(marker: Path, stage: str, batch: int = 2) -> list[dict]:
+    init = {"marker": str(marker), "stage": stage, "batch": batch}
+    return [{"class_path": "tests.interruptions.PauseOnce", "init_args": init}]
 
 
 def _results(folder: Path) -> dict:
@@ -67,19 +67,7 @@ def test_a_run_on_slurm_with_a_job_requeued_mid_fit_ends_identical_to_one_uninte
     marker = tmp_path / "paused.json"
     on_slurm = {"executor": "slurm", "max_jobs": 2, "cpus_per_job": 1, "time_limit_min": 10}
     config = _config(tmp_path / "slurm", on_slurm, _pause(marker, "seed1"), seeds=2)
-    requeued: list[str] = []
-
-    def requeue_when_paused() -> None:
-        deadline = time.monotonic() + 150
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if marker.exists():
-            job = json.loads(marker.read_text())["slurm_job_id"]
-            cluster.requeue(job)
-            requeued.append(job)
-
-    requeuer = threading.Thread(target=requeue_when_paused)
-    requeuer.start()
+    requeuer, requeued = cluster.requeue_when_paused(marker)
     capsys.readouterr()
     main(["run", "--config", config])
     requeuer.join()

@@ -243,7 +243,7 @@ def test_a_family_pretrained_by_another_has_no_pretraining_and_its_runs_start_fr
         f"{family}/{strategy}" for family in ("whole", "fewer") for strategy in ("first_attention", "full_model")
     )
     for task in tasks:
-        assert _task_job(study, task).after == (() if task.strategy is None else ("whole/pretrain",))
+        assert _task_job(study, task, []).after == (() if task.strategy is None else ("whole/pretrain",))
     for strategy in study.strategies:  # every run of the sharing family, its first strategy's too
         cli = experiment_cli(study.arguments(fewer, strategy), run=False)
         assert study.protocol(fewer, strategy, cli).pretrained == str(study.pretrained(whole))
@@ -590,21 +590,6 @@ def test_two_studies_never_share_an_output_folder(tmp_path, monkeypatch):
     study = dataclasses.replace(load_study([STUDY, QUICK]), output_dir=str(tmp_path / "study"))
     with folder_lock(tmp_path / "study", "lmc repro"), pytest.raises(FolderInUseError, match="another lmc repro"):
         run_study(study, jobs=1)
-
-
-@pytest.mark.parametrize(
-    "cluster",
-    [{"tasks_per_node": 2}, {"gpus_per_job": 2}, {"nodes": 2}, {"executor": "slurm", "tasks_per_node": 4}],
-)
-def test_a_study_refuses_fits_of_several_processes_before_it_writes_anything(tmp_path, cluster):
-    """A run job's fine-tunes are in its one process: they could not join the ranks such a cluster starts."""
-    from lmc.experiments.jobs import Cluster
-    from lmc.experiments.study import run_study
-
-    study = dataclasses.replace(load_study([STUDY, QUICK]), output_dir=str(tmp_path / "study"))
-    with pytest.raises(ValueError, match="cannot be DDP fits of .* lmc run --cluster.tasks_per_node N"):
-        run_study(study, jobs=1, cluster=Cluster(**cluster))
-    assert not (tmp_path / "study").exists()
 
 
 def test_a_study_gives_each_job_one_gpu(tmp_path, monkeypatch):
