@@ -213,7 +213,7 @@ def measure_streamed_full(source: str, target: str, output: str) -> dict:
         WeightDescent.permute_residual,
     )
 
-    def timed_solve(cost, maximize):
+    def timed_solve(cost, maximize=False):
         begin = time.perf_counter()
         found = solve(cost, maximize=maximize)
         assignments.append((len(cost), time.perf_counter() - begin))

@@ -1,0 +1,158 @@
+"""lmc.matching.permutation: the weight correlation summed in blocks, and the assignment without a copy of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.optimize import linear_sum_assignment
+
+import lmc.matching.permutation
+from lmc.matching.permutation import axis_correlation, best_permutation
+from lmc.symmetry import AxisPermutation
+
+ROOT = Path(__file__).parents[2]
+SIZE = 300
+# Two stacked copies on the first axis ([gate | up]) and one on a second axis, as an FFN's units.
+UNITS = AxisPermutation("units", SIZE, (("gate_up", 0), ("down", 1)))
+
+
+def weights(generator: torch.Generator, integers: bool) -> dict[str, torch.Tensor]:
+    shapes = {"gate_up": (2 * SIZE, 70), "down": (50, SIZE)}
+    if integers:
+        return {n: torch.randint(-4, 5, s, generator=generator).to(torch.bfloat16) for n, s in shapes.items()}
+    return {n: torch.randn(s, generator=generator) for n, s in shapes.items()}
+
+
+def float64_correlation(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``S`` of :data:`UNITS` from its definition (docs/spec.md, section 3), every product in float64 at once."""
+    correlation = torch.zeros(SIZE, SIZE, dtype=torch.float64)
+    for name, axis in UNITS.axes:
+        a, b = (t[name].movedim(axis, 0).double() for t in (source, target))
+        a, b = (x.reshape(-1, SIZE, x.shape[-1]) for x in (a, b))  # (copies, SIZE, entries)
+        correlation += torch.einsum("cik,cjk->ij", a, b)
+    return correlation
+
+
+def test_the_blocked_correlation_equals_the_float64_sum_exactly_on_integer_weights(monkeypatch):
+    # Integer weights in [-4, 4]: every float32 product and partial sum is an integer below 2^24, so
+    # exact in any order; any block of rows or columns misplaced, dropped or added twice shows.
+    generator = torch.Generator().manual_seed(0)
+    source, target = weights(generator, True), weights(generator, True)
+    monkeypatch.setattr(lmc.matching.permutation, "CHUNK_ENTRIES", 7 * SIZE + 5)  # 7 rows, 7 columns: uneven
+    correlation = axis_correlation(source, target, UNITS)
+    assert correlation.dtype == torch.float64
+    assert torch.equal(correlation, float64_correlation(source, target))
+
+
+def test_the_blocked_correlation_is_the_float64_sum_up_to_float32_rounding_of_each_piece(monkeypatch):
+    # float32 weights compute in float32: each entry of a piece's product sums `step` float32 terms,
+    # so it is within step * 2^-24 of the exact sum of |terms| (the standard bound on a dot product);
+    # the float64 sums over pieces add nothing visible at that scale.
+    generator = torch.Generator().manual_seed(1)
+    source, target = weights(generator, False), weights(generator, False)
+    step = 11
+    monkeypatch.setattr(lmc.matching.permutation, "CHUNK_ENTRIES", step * SIZE)
+    correlation = axis_correlation(source, target, UNITS)
+    absolute = float64_correlation({n: t.abs() for n, t in source.items()}, {n: t.abs() for n, t in target.items()})
+    error = (correlation - float64_correlation(source, target)).abs()
+    assert bool((error <= 1.01 * step * 2.0**-24 * absolute).all()), float((error / absolute).max())
+    assert float(error.max()) > 0  # computed in float32, not float64
+
+
+def test_the_assignment_leaves_the_callers_matrix_bit_for_bit_and_is_scipys_maximum():
+    generator = torch.Generator().manual_seed(2)
+    planted = torch.randperm(SIZE, generator=generator)
+    correlation = torch.randn(SIZE, SIZE, generator=generator, dtype=torch.float64)
+    correlation[planted, torch.arange(SIZE)] += 10.0  # source unit planted[i] is the target's unit i
+    correlation[0, 1] = -0.0  # a signed zero must come back signed
+    before = correlation.clone()
+    perm = best_permutation(correlation)
+    assert torch.equal(correlation.view(torch.int64), before.view(torch.int64))
+    assert torch.equal(perm, planted)
+    rows, cols = linear_sum_assignment(before.numpy(), maximize=True)
+    assert torch.equal(perm[torch.as_tensor(cols)], torch.as_tensor(rows))
+
+
+@pytest.mark.parametrize("kind", ["float32", "transposed"])
+def test_a_matrix_scipy_would_copy_anyway_is_negated_in_a_copy(kind):
+    correlation = torch.randn(40, 40, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    expected = best_permutation(correlation.clone())
+    given = correlation.float() if kind == "float32" else correlation.T.contiguous().T
+    before = given.clone()
+    if kind == "float32":
+        expected = best_permutation(given.double())
+    assert torch.equal(best_permutation(given), expected)
+    assert torch.equal(given, before)
+
+
+def test_the_matrix_is_restored_when_the_solve_fails():
+    correlation = torch.zeros(4, 4, dtype=torch.float64)
+    correlation[1, 2] = torch.nan
+    before = correlation.clone()
+    with pytest.raises(ValueError):
+        best_permutation(correlation)
+    assert torch.equal(correlation.view(torch.int64), before.view(torch.int64))
+
+
+# The temporaries beside the float64 matrix, measured as the growth of the peak RSS (VmHWM, reset
+# through /proc/self/clear_refs before each step) with glibc handing every freed block of 64 KB or
+# more back at once. Size 2048: the matrix is 32 MB. Summing a whole float32 product into it added
+# 48 MB (the product and its float64 cast), scipy's maximize=True a 32 MB copy; blocks of
+# CHUNK_ENTRIES (2^18 here: 1 MB of float32) add a few MB.
+MEMORY_SCRIPT = textwrap.dedent(
+    """
+    import json, torch
+    import lmc.matching.permutation as permutation
+    from lmc.symmetry import AxisPermutation
+
+    def reset_peak():
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+
+    def peak():
+        line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+
+    permutation.CHUNK_ENTRIES = 1 << 18
+    generator, size = torch.Generator().manual_seed(0), 2048
+    units = AxisPermutation("units", size, (("w", 0),))
+    source, target = ({"w": torch.randn(size, 512, generator=generator).bfloat16()} for _ in range(2))
+    permutation.best_permutation(permutation.axis_correlation(source, target, units)[:64, :64].clone())  # warm-up
+    try:
+        reset_peak()
+    except OSError as error:
+        print(json.dumps({"unavailable": str(error)}))
+        raise SystemExit
+    before = peak()
+    correlation = permutation.axis_correlation(source, target, units)
+    correlation_growth = peak() - before
+    reset_peak()
+    before = peak()
+    permutation.best_permutation(correlation)
+    print(json.dumps({
+        "matrix": correlation.nbytes, "correlation": correlation_growth, "assignment": peak() - before,
+    }))
+    """
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak RSS from /proc (Linux)")
+def test_neither_step_holds_a_temporary_the_size_of_the_matrix():
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    run = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT], capture_output=True, text=True, env=environment, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    if "unavailable" in measured:
+        pytest.skip(f"cannot reset the peak RSS here: {measured['unavailable']}")
+    matrix = measured["matrix"]
+    assert matrix < measured["correlation"] < 1.25 * matrix, measured
+    assert measured["assignment"] < matrix / 4, measured
