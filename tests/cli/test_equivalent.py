@@ -17,7 +17,7 @@ from lmc.models import create_model, randomize_parameters_
 from lmc.training import LMCModule
 from lmc.training.module import save_trained
 from tests.cli import fails
-from tests.formats.checkpoints import HF_MODELS, model, save_hf, save_timm
+from tests.formats.checkpoints import HF_MODELS, at_every_scope, fine_tuned_pair, model, save_hf, save_timm
 from tests.runs import CONFIG, MODEL, data
 
 
@@ -166,16 +166,20 @@ def test_hugging_face_and_timm_folders_are_compared(folders, capsys):
     assert "no tolerance makes them equivalent" in reason and "lower" not in reason
 
 
-@pytest.mark.parametrize("key", list(HF_MODELS))
-def test_every_hugging_face_family_is_judged_equivalent_to_its_symmetry_and_not_to_another_seed(key, tmp_path, capsys):
-    network = model(*HF_MODELS[key], seed=0)
+@pytest.mark.parametrize(("key", "scope"), at_every_scope(list(HF_MODELS)))
+def test_every_hugging_face_family_is_judged_equivalent_to_its_symmetry_and_not_to_another_fine_tuning(
+    key, scope, tmp_path, capsys
+):
+    # C is A fine-tuned again under the scope's re-initialization: equal outside the scope, another function.
+    network, other = fine_tuned_pair(*HF_MODELS[key], scope)
     a = str(save_hf(network, tmp_path / "a", tokenizer=False))
-    b = str(save_hf(random_symmetry(network, scope="full_model", seed=3), tmp_path / "b", tokenizer=False))
-    c = str(save_hf(model(*HF_MODELS[key], seed=1), tmp_path / "c", tokenizer=False))
-    assert _exit_status(["equivalent", a, b]) == 0
-    assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
-    assert _exit_status(["equivalent", a, c]) == 1
-    assert "are NOT equivalent under the full_model group" in capsys.readouterr().out
+    b = str(save_hf(random_symmetry(network, scope=scope, seed=3), tmp_path / "b", tokenizer=False))
+    c = str(save_hf(other, tmp_path / "c", tokenizer=False))
+    assert _exit_status(["equivalent", a, b, "--scope", scope]) == 0
+    assert f"are equivalent under the {scope} group (float32)" in capsys.readouterr().out
+    assert _exit_status(["equivalent", a, c, "--scope", scope]) == 1
+    out = capsys.readouterr().out
+    assert f"are NOT equivalent under the {scope} group" in out and "reason: different functions" in out
 
 
 def test_pythia_folders_are_compared_with_their_residual_form(tmp_path, capsys):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
+from lmc.adapters import scope_parameters
 from lmc.models import create_model, randomize_parameters_
+from lmc.symmetry import SCOPES
 
 WORDS = "the a cat dog sat ran on under mat log red blue big small and".split()
 SPECIAL = ["[PAD]", "[UNK]", "[EOS]"]
@@ -34,6 +38,10 @@ HF_MODELS = {
     "gpt-neox-parallel": ("gpt-neox-tiny", {}),  # its files store lm_head.weight as embed_out.weight
     "gpt-neox-sequential": ("gpt-neox-tiny", {"use_parallel_residual": False, "rotary_pct": 1.0}),
 }
+# The checkpoints researchers compare, added after lmc's first HF families (EARLIER_FAMILIES): Pythia
+# (both residual forms), MultiBERTs (both heads), Mistral, Qwen2, Qwen3, OLMo-2, Phi-3, Gemma, Gemma 2, HF ViT.
+EARLIER_FAMILIES = ("gpt2", "bert", "roformer", "roformer-projected", "llama-gqa", "llama-gqa-tied")
+ADDED_FAMILIES = [key for key in HF_MODELS if key not in EARLIER_FAMILIES]
 TIMM_MODELS = {"vit": ("vit-tiny", {}), "eva02": ("eva02-tiny", {})}
 # Functionally equal float32 models agree to float32 rounding (observed ~1e-6 relative).
 FLOAT32_RTOL, FLOAT32_ATOL = 1e-4, 1e-5
@@ -43,6 +51,42 @@ def model(name: str, overrides: dict, seed: int, dtype: torch.dtype = torch.floa
     """A tiny model with non-trivial random weights (randomized in float64, stored in ``dtype``)."""
     built = create_model(name, dtype=torch.float64, **overrides)
     return randomize_parameters_(built, seed=seed, scale=0.5).to(dtype).eval()
+
+
+def at_every_scope(keys: list[str]) -> list:
+    """``(key, scope)`` parameters for every key and every scope of :data:`lmc.symmetry.SCOPES`; all but
+    ``full_model`` are marked ``slow`` (CI runs them, ``make test-fast`` leaves them out)."""
+    return [
+        pytest.param(key, scope, marks=() if scope == "full_model" else pytest.mark.slow)
+        for key in keys
+        for scope in SCOPES
+    ]
+
+
+def fine_tuned_pair(
+    name: str, overrides: dict, scope: str, dtype: torch.dtype = torch.float32
+) -> tuple[nn.Module, nn.Module]:
+    """Two models as two fine-tunings of one pre-trained model re-initialized at ``scope`` would be:
+    equal outside the scope's parameters, independently random inside them (seeds 0 and 1)."""
+    source = model(name, overrides, seed=0, dtype=dtype)
+    target = copy.deepcopy(source)
+    fresh = dict(model(name, overrides, seed=1, dtype=dtype).named_parameters())
+    inside = set(scope_parameters(source, scope))
+    with torch.no_grad():
+        for parameter_name, parameter in target.named_parameters():
+            if parameter_name in inside:
+                parameter.copy_(fresh[parameter_name])
+    return source, target
+
+
+def float64_norms(network: nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF's RMSNorms in ``network`` computed in its own dtype for this test: they cast to float32 even in a
+    float64 model (tests/architectures.py), so that equal functions would agree to float32 rounding only."""
+    from tests.symmetry.test_decoders import _float64_gemma_rms_norm, _float64_rms_norm
+
+    for norm in {type(module) for module in network.modules() if type(module).__name__.endswith("RMSNorm")}:
+        forward = _float64_gemma_rms_norm if norm.__name__.startswith("Gemma") else _float64_rms_norm
+        monkeypatch.setattr(norm, "forward", forward)
 
 
 def save_tokenizer(folder: Path) -> None:

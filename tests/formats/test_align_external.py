@@ -1,5 +1,6 @@
 """`lmc align` on Hugging Face model directories and timm checkpoints: outputs load back with the
-library's own loader, compute the source's function (aligned) or the merge (merged)."""
+library's own loader, compute the source's function (aligned) or the merge (merged); every Hugging
+Face family at every scope recovers a planted pair and keeps an independent pair's function."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ from lmc.checkpoints import save_weights
 from lmc.cli import main
 from lmc.io import atomic_output_folder
 from lmc.matching.results import PROBE_RTOL
+from tests.architectures import FLOAT64_RTOL, relative_difference
 from tests.cli import fails
 from tests.formats.checkpoints import (
     FLOAT32_ATOL,
     FLOAT32_RTOL,
     HF_MODELS,
     TIMM_MODELS,
+    at_every_scope,
+    fine_tuned_pair,
+    float64_norms,
     model,
     save_hf,
     save_timm,
@@ -79,18 +84,42 @@ def test_hf_directories_align_and_merge_into_loadable_directories(key, tmp_path,
     assert not list(output.glob(".*"))  # no temporary folder left
 
 
-@pytest.mark.parametrize("key", list(HF_MODELS))
-def test_a_planted_pair_is_recovered_through_the_cli(key, tmp_path):
-    # The target is the source under a random full_model symmetry: aligning must find the target's weights.
+@pytest.mark.parametrize(("key", "scope"), at_every_scope(list(HF_MODELS)))
+def test_a_planted_pair_is_recovered_through_the_cli(key, scope, tmp_path):
+    # The target is the source under a random symmetry of the scope: aligning must find the target's weights.
     source = model(*HF_MODELS[key], seed=0, dtype=torch.float64)
-    target = random_symmetry(source, scope="full_model", seed=5)
+    target = random_symmetry(source, scope=scope, seed=5)
     source_dir, target_dir = save_hf(source, tmp_path / "s", False), save_hf(target, tmp_path / "t", False)
-    main(["align", str(source_dir), str(target_dir), "--output", str(tmp_path / "out")])
+    main(["align", str(source_dir), str(target_dir), "--output", str(tmp_path / "out"), "--scope", scope])
     aligned = _hf_load(tmp_path / "out" / "aligned")
     assert next(aligned.parameters()).dtype == torch.float64
     # Float64 rounding only: entries of at most 1.5 off by 3.9e-16 (measured).
     for (name, value), expected in zip(aligned.named_parameters(), target.parameters()):
         torch.testing.assert_close(value, expected, rtol=0, atol=1e-12, msg=name)
+    distance = json.loads((tmp_path / "out" / "report.json").read_text())["alignment"]["distance"]
+    assert distance["aligned"] < 1e-12 * distance["naive"]
+
+
+@pytest.mark.parametrize(("key", "scope"), at_every_scope(list(HF_MODELS)))
+def test_an_independent_pair_aligned_through_the_cli_computes_the_source_function(key, scope, tmp_path, monkeypatch):
+    # Two fine-tunings of one model re-initialized at the scope: the aligned source moves toward the
+    # target inside the scope, keeps every other weight and computes the source's function.
+    source, target = fine_tuned_pair(*HF_MODELS[key], scope, torch.float64)
+    float64_norms(source, monkeypatch)
+    source_dir, target_dir = save_hf(source, tmp_path / "s", False), save_hf(target, tmp_path / "t", False)
+    main(["align", str(source_dir), str(target_dir), "--output", str(tmp_path / "out"), "--scope", scope])
+    # Both read back by from_pretrained: it computes buffers such as Gemma's embedding scale in float64,
+    # where the zoo's model built in float32 and cast holds them rounded to float32.
+    aligned, loaded_source = _hf_load(tmp_path / "out" / "aligned"), _hf_load(source_dir)
+    # Float64 rounding of a group element and its inverse: at most 1.2e-15 relative (measured, Gemma).
+    assert relative_difference(_logits(aligned), _logits(loaded_source)) < FLOAT64_RTOL
+    inside = set(scope_parameters(source, scope))
+    source_parameters = dict(source.named_parameters())
+    for name, value in aligned.named_parameters():
+        if name not in inside:
+            assert torch.equal(value, source_parameters[name]), name
+    distance = json.loads((tmp_path / "out" / "report.json").read_text())["alignment"]["distance"]
+    assert distance["aligned"] < distance["naive"]
 
 
 def test_sharded_directories_are_read_and_written_sharded(tmp_path):
