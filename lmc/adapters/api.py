@@ -15,10 +15,12 @@ from torch import nn
 
 from lmc.adapters.base import adapter_for
 from lmc.symmetry import (
+    REASONS,
     SCOPES,
     ModelTransform,
     Scope,
     SymmetrySpec,
+    explain_axes,
     qk_group,
     sample_transform,
     scope_blocks,
@@ -91,12 +93,21 @@ def describe_scopes(model: nn.Module) -> dict[Scope, dict[str, Any]]:
       (``residual_width!``);
     - ``other_permutations``: the orders of the task heads' hidden units and of the learned
       tokens (``full_model`` only; 1 elsewhere);
-    - ``permutations``: the order of the scope's discrete group, the product of the four above.
+    - ``permutations``: the order of the scope's discrete group, the product of the four above;
+    - ``moved_axes``: how many axes of the scope's parameters a group of the scope acts on, and
+      ``fixed_axes``: how many no group does, per reason (:data:`~lmc.symmetry.REASONS`; ``scope``
+      for an axis only a wider scope's group moves, the residual one of a projection);
+    - ``unexplained_axes``: the ``(parameter, axis)`` pairs of the scope's parameters neither
+      covers (none, for a supported architecture: :func:`~lmc.symmetry.unexplained_axes`).
     """
     spec = model_spec(model)
     layers = describe(model, spec)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     scopes = {}
     for scope in SCOPES:
+        scoped = set(scope_parameter_names(spec, scope, shapes))
+        roles = {axis: role for axis, role in explain_axes(spec, scope, shapes).items() if axis[0] in scoped}
+        reasons = [role.reason for role in roles.values() if role.reason is not None]
         attention, feed_forward, whole = scope_blocks(spec, scope)
         residual = spec.residual.size if whole and spec.residual is not None else 0
         others = [head.size for head in spec.task_heads] + ([] if spec.tokens is None else [spec.tokens.size])
@@ -113,6 +124,15 @@ def describe_scopes(model: nn.Module) -> dict[Scope, dict[str, Any]]:
             "residual_width": residual,
             **orders,
             "permutations": math.prod(orders.values()),
+            "moved_axes": sum(role.group is not None for role in roles.values()),
+            "fixed_axes": {reason: reasons.count(reason) for reason in REASONS if reason in reasons},
+            "unexplained_axes": [
+                (name, i)
+                for name, shape in shapes.items()
+                if name in scoped
+                for i in range(len(shape))
+                if (name, i) not in roles
+            ],
         }
     return scopes
 

@@ -122,6 +122,24 @@ def test_describe_reports_each_blocks_ffn_and_each_scope_every_permutation_group
         assert found["permutations"] == order, scope
 
 
+def test_each_scope_accounts_for_every_axis_of_its_parameters():
+    # GPT-2, two blocks, Conv1D weights (in, out). An attention layer: c_attn's output axis and bias
+    # hold the head slots, c_proj's input axis too; their residual axes (c_attn's input, c_proj's
+    # output and bias) move only under full_model's residual permutation: 3 moved, 3 "scope". The
+    # FFN the same: c_fc's output and bias, c_proj's input moved; the residual axes "scope".
+    # full_model: 38 axes (wte 2, wpe 2, 16 a block, ln_f 2), all moved but the vocabulary and positions.
+    scopes = describe_scopes(build("gpt2"))
+    expected = {
+        "first_attention": (3, {"scope": 3}),
+        "all_attention": (6, {"scope": 6}),
+        "first_block": (6, {"scope": 6}),
+        "full_model": (36, {"vocabulary": 1, "positions": 1}),
+    }
+    for scope, (moved, fixed) in expected.items():
+        assert (scopes[scope]["moved_axes"], scopes[scope]["fixed_axes"]) == (moved, fixed), scope
+        assert scopes[scope]["unexplained_axes"] == [], scope
+
+
 def test_scope_parameters_name_the_reinitialized_parts():
     model = build("gpt2")
     first_attention = ["transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias"]
