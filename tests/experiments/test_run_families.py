@@ -1,5 +1,6 @@
 """``lmc run`` end to end on the Hugging Face families beyond the paper's (issue #20): Pythia's layout,
-per-head QK-norms, Gemma 2's soft-capping and windows, transformers' own ViT.
+Mistral's window, Qwen2's biases, Qwen3's and OLMo-2's QK-norms, Phi-3's fused blocks, Gemma's norms
+and Gemma 2's soft-capping, transformers' own ViT.
 
 Each run pre-trains, fine-tunes two seeds under ``first_block`` (an attention layer and an FFN) and
 aligns their pair with the full method. The aligned model is the target moved inside its group, so
@@ -16,12 +17,8 @@ import yaml
 
 from lmc.cli import main
 
-FAMILIES = {
-    "gpt-neox-tiny": "lmc.data.PythonDocsLM",
-    "qwen3-tiny": "lmc.data.PythonDocsLM",
-    "gemma2-tiny": "lmc.data.PythonDocsLM",
-    "hf-vit-tiny": "lmc.data.Digits",
-}
+DECODERS = ("gpt-neox", "mistral", "qwen2", "qwen3", "olmo2", "phi3", "gemma", "gemma2")
+FAMILIES = {**{f"{name}-tiny": "lmc.data.PythonDocsLM" for name in DECODERS}, "hf-vit-tiny": "lmc.data.Digits"}
 
 
 def _curves(path) -> dict[str, dict[float, float]]:
