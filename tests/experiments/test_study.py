@@ -27,7 +27,14 @@ def _in_the_repository(monkeypatch):
 
 def test_every_family_is_the_papers_six_layers_and_four_heads():
     study = load_study([STUDY])
-    assert [family.name for family in study.families] == ["mnist_vit_ape", "mnist_vit_rope", "gpt2_ape", "llama_rope"]
+    assert [family.name for family in study.families] == [
+        "mnist_vit_ape",
+        "mnist_vit_rope",
+        "gpt2_ape",
+        "llama_rope",
+        "bible_bert_ape",
+    ]
+    assert study.family_strategies(study.families[-1]) == ["first_attention"]  # Table 1 only
     assert study.strategies == ["first_attention", "all_attention", "first_block", "full_model"]
     for family in study.families:
         cli = experiment_cli(study.arguments(family, "first_attention"), run=False)
@@ -125,7 +132,7 @@ def test_the_schedule_pretrains_first_then_runs_the_largest_runs_first():
     study = load_study([STUDY])
     tasks = schedule(study)
     names = [task.name for task in tasks]
-    assert len(set(names)) == len(names) == len(study.families) * (1 + len(study.strategies))
+    assert len(set(names)) == len(names) == sum(1 + len(study.family_strategies(f)) for f in study.families)
     families = len(study.families)
     assert names[:families] == [f"{family.name}/pretrain" for family in study.families]
     # The Table 1 runs first (every family's first_attention), the last family listed first.
