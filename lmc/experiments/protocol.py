@@ -62,8 +62,9 @@ class Protocol:
         num_alphas: Points on each interpolation curve.
         split: Where the curves are measured.
         eval_batch_size: Evaluation batch size (``None``: the DataModule's).
-        eval_samples: Measure the curves on the first this many samples of ``split`` only
-            (``None``: all of it); for smoke runs of a whole study.
+        eval_samples: Measure the curves on this many samples of ``split`` only, evenly spaced
+            over it (``None``: all of it): splits are stored in order (by class, by position in a
+            text), so the first samples would be one class or one passage.
         head_orders: Also align every pair with each order of the first attention layer's heads,
             each followed by the full Stage 2, to rank the order each alignment picks and report
             ``L_hat`` (the paper's Table 1; ``h!`` more sweeps per pair, at most 6 heads).

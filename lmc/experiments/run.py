@@ -89,6 +89,15 @@ _REPLACED_CALLBACKS = ("ModelCheckpoint", "AlignAndInterpolate")
 _NOT_OF_A_PAIR = {"output_dir", "seeds", "pretrained", "pretrain", "finetune", "overwrite"}
 
 
+def _spread_over(size: int, count: int) -> list[int]:
+    """``count`` indices spread evenly over ``range(size)`` (all of it where ``count >= size``).
+
+    Splits are stored in order (by class, by position in a text): their first samples would be one
+    class or one passage, while evenly spaced ones keep every part of the split in proportion.
+    """
+    return list(range(size)) if count >= size else [k * size // count for k in range(count)]
+
+
 def _key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -241,12 +250,12 @@ class Experiment:
     # -- alignment and sweeps ----------------------------------------------------------------
 
     def curve_data(self, datamodule) -> tuple[Dataset, dict[str, Any]]:
-        """The samples the curves are measured on (``protocol.split``, its first ``eval_samples``)
-        and their identity in sweep keys and results."""
+        """The samples the curves are measured on (``protocol.split``, ``eval_samples`` of it evenly
+        spaced) and their identity in sweep keys and results."""
         dataset, data = datamodule.split(self.protocol.split), data_identity(datamodule)
         if self.protocol.eval_samples is not None:
-            dataset = Subset(dataset, range(min(self.protocol.eval_samples, len(dataset))))
-            data = {**data, "eval_samples": len(dataset)}
+            dataset = Subset(dataset, _spread_over(len(dataset), self.protocol.eval_samples))
+            data = {**data, "eval_samples": len(dataset), "eval_spacing": "even"}
         return dataset, data
 
     def sweep_pair(self, stages: list[_Stage], checkpoints: list[Path], i: int, j: int) -> dict[str, Any]:

@@ -32,13 +32,14 @@ PAPER_STRATEGIES = {
 
 
 def _curve_samples(runs: dict[str, dict[str, Any]]) -> str:
-    """Where a family's curves are measured, e.g. ``val, first 182 of 364 samples`` (the same
+    """Where a family's curves are measured, e.g. ``val, 182 of 364 samples, evenly spaced`` (the same
     for every strategy: they share the family's experiment config)."""
     if not runs:
         return "n/a"
     protocol = next(iter(runs.values()))["protocol"]
     used, whole = protocol["curve_samples"], protocol["split_samples"]
-    return f"{protocol['split']}, {f'first {used} of {whole}' if used < whole else whole} samples"
+    samples = f"{used} of {whole} samples, evenly spaced" if used < whole else f"{whole} samples"
+    return f"{protocol['split']}, {samples}"
 
 
 def _summaries(study) -> dict[str, dict[str, dict[str, Any]]]:

@@ -713,3 +713,20 @@ def test_a_fit_as_a_two_task_ddp_job_on_this_machine_equals_one_process_with_the
     """``cluster.tasks_per_node 2`` on the local executor: submitit starts two tasks, which Lightning
     joins into one DDP fit (gloo on CPUs)."""
     fit_as_two_task_ddp_job(tmp_path, {"executor": "local", "tasks_per_node": 2})
+
+
+def test_eval_samples_are_spread_over_the_split_so_an_ordered_split_keeps_every_class(tmp_path):
+    # The Bible's verses are stored in canonical order, so each split is sorted by division: its
+    # first 250 validation verses are all of the Law. Evenly spaced ones hold each division in proportion.
+    from lmc.data import BibleDivisions
+
+    datamodule = BibleDivisions(batch_size=64, part="B")
+    experiment = Experiment(experiment_cli(["--config", _config(tmp_path, eval_samples=250)], run=False))
+    dataset, data = experiment.curve_data(datamodule)
+    whole = [int(sample["labels"]) for sample in datamodule.split("val")]
+    assert len({*whole[:250]}) == 1  # what the first 250 would be
+    used = [int(sample["labels"]) for sample in dataset]
+    assert len(used) == 250 and (data["eval_samples"], data["eval_spacing"]) == (250, "even")
+    for label in set(whole):
+        assert abs(used.count(label) - 250 * whole.count(label) / len(whole)) <= 1, label
+    assert dataset.indices == sorted(set(dataset.indices))  # distinct samples, in the split's order

@@ -461,8 +461,9 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
     machine = json.loads((tmp_path / "runs" / "machine.json").read_text())  # where the numbers come from
     assert machine["threads"] == 1 and f" Computed on {machine['processor']} ({machine['kernels']} kernels" in report
     # The quick form's curves use 8 samples of each validation split, and the report says so.
-    assert "| `configs/study/vit_rope.yaml` | first_attention, full_model | val, first 8 of 269 samples |" in report
-    assert "| `configs/study/llama_rope.yaml` | first_attention, full_model | val, first 8 of 364 samples |" in report
+    for config, split_samples in (("vit_rope", 269), ("llama_rope", 364)):
+        curves_on = f"val, 8 of {split_samples} samples, evenly spaced"
+        assert f"| `configs/study/{config}.yaml` | first_attention, full_model | {curves_on} |" in report
     # Table 1 of both families, over the head orders that keep GQA groups (4! of the ViT's heads; 2! * 2! * 2! of
     # the Llama's 4 query heads on 2 key/value heads); both strategies of both families; robustness of full_model.
     table1 = report.split("## Table 1")[1].split("## Appendix K")[0]
