@@ -46,9 +46,16 @@ SHAPES = {
     "1b": (2048, 16, 32, 8, 8192, 128256, True),  # Llama-3.2-1B
     "8b": (4096, 32, 32, 8, 14336, 128256, False),  # Llama-3-8B
     "8b-2layers": (4096, 2, 32, 8, 14336, 128256, False),  # Llama-3-8B's layers, two of them: per-layer costs
+    "small": (2048, 4, 32, 8, 8192, 32000, False),  # Llama-3.2-1B's layers, four of them: ~0.75 GB a model
     "tiny": (256, 2, 4, 2, 512, 1000, False),  # a check of this script
 }
-NAMES = {"1b": "Llama-3.2-1B", "8b": "Llama-3-8B", "8b-2layers": "Llama-3-8B widths, 2 layers", "tiny": "tiny"}
+NAMES = {
+    "1b": "Llama-3.2-1B",
+    "8b": "Llama-3-8B",
+    "8b-2layers": "Llama-3-8B widths, 2 layers",
+    "small": "Llama-3.2-1B widths, 4 layers, 32k vocab",
+    "tiny": "tiny",
+}
 FULL_MODEL = ("1b", "tiny")  # shapes also aligned at full_model, streamed and in memory
 SHARD_BYTES = 5 * 10**9
 TARGET = {"shape": "8b", "seconds": 600.0, "peak_rss": 3 * 10**9}

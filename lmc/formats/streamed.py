@@ -247,11 +247,11 @@ class _Transformed(Mapping[str, torch.Tensor]):
         self.report.transform.apply_(tensors, self.spec, partial=True)
         return tensors
 
-    def moved_copy(self, name: str, piece: torch.Tensor) -> torch.Tensor:
-        """A copy of tensor ``name`` under the transform; ``piece`` is all of it or rows the transform keeps."""
-        tensors = {name: piece.clone()}
-        self.report.transform.apply_(tensors, self.spec, partial=True)
-        return tensors[name]
+    def moved(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copies of ``tensors`` under the transform: whole attention layers, or a tensor's rows the transform keeps."""
+        copies = {name: tensor.clone() for name, tensor in tensors.items()}
+        self.report.transform.apply_(copies, self.spec, partial=True)
+        return copies
 
     def forget(self) -> None:
         self.kept = {}
@@ -316,7 +316,7 @@ class _AlignedTensors:
         group = self.aligned.group(name)
         if len(group) == 1:
             source = self.aligned.source[name]
-            return source, self.aligned.moved_copy(name, source)
+            return source, self.aligned.moved({name: source})[name]
         index = self.aligned.layer_of[name]
         if index not in self.ready:
             self.ready[index] = (*self._align(index, group), set())
@@ -327,8 +327,8 @@ class _AlignedTensors:
         return source[name], aligned[name]
 
     def _align(self, index: int, names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        source = {name: self.aligned.source[name] for name in names}
-        aligned = self.aligned.transformed(names)
+        source = {name: self.aligned.source.read(name) for name in names}
+        aligned = self.aligned.moved(source)  # from the tensors just read: each is read once
         layer, options = self.aligned.spec.blocks[index].attention, self.report.options
         error = attention_probe_error(layer, source, aligned, options.seed, self.report.transform.residual)
         self.report.probe_relative_error = max(self.report.probe_relative_error, error)
@@ -339,13 +339,18 @@ class _AlignedTensors:
 def _pieces(
     source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, blocks: _AlignedTensors, name: str
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """``(source, aligned, target)`` pieces of tensor ``name``: whole if it is transformed, else chunks of rows."""
+    """``(source, aligned, target)`` pieces of tensor ``name``, the source's checked finite: whole if it is
+    transformed whole, else chunks of rows (``aligned`` is then the source's piece itself where the transform
+    leaves the tensor)."""
     if name in blocks.whole:
         yield *blocks.take(name), target[name]
         return
+    is_float = source.entries[name].is_float
     for start, stop in source.chunks(name):
         piece = source.rows(name, start, stop)
-        aligned = blocks.aligned.moved_copy(name, piece) if name in blocks.moved else piece
+        if is_float:
+            check_finite("source", name, piece)
+        aligned = blocks.aligned.moved({name: piece})[name] if name in blocks.moved else piece
         yield piece, aligned, target.rows(name, start, stop)
 
 
@@ -360,8 +365,9 @@ def _write(
 ) -> dict[str, float]:
     """Write the aligned model (key ``None``) and each merge (key alpha) shard by shard.
 
-    Every piece is checked as it is copied: finite, and outside the scope equal in both. Returns
-    the squared distances to the target over the scope, ``naive`` and ``aligned``.
+    Every tensor is read once from each model, and every piece checked as it is copied: finite,
+    and outside the scope equal in both. Returns the squared distances to the target over the
+    scope, ``naive`` and ``aligned``.
     """
     squared = {"naive": 0.0, "aligned": 0.0}
     for folder in folders.values():
@@ -373,17 +379,19 @@ def _write(
                 handle.write(source.headers[shard])
             for name in source.names(shard):
                 is_float = source.entries[name].is_float
+                unchanged = name in parameters and name not in scoped
                 for source_piece, aligned, target_piece in _pieces(source, target, blocks, name):
-                    if is_float:
-                        check_finite("source", name, source_piece)
+                    if unchanged:  # equal to the source's piece, so finite too
+                        check_unchanged(scope, name, source_piece, target_piece)
+                    elif is_float:
                         check_finite("target", name, target_piece)
                     if name in scoped:
                         squared["naive"] += squared_distance(source_piece, target_piece)
                         squared["aligned"] += squared_distance(aligned, target_piece)
-                    elif name in parameters:
-                        check_unchanged(scope, name, source_piece, target_piece)
+                    # A merge of two equal pieces is the piece itself (torch.lerp is exact at equal ends).
+                    same_ends = not is_float or (unchanged and aligned is source_piece)
                     for key, handle in handles.items():
-                        merged = aligned if key is None or not is_float else interpolate(target_piece, aligned, key)
+                        merged = aligned if key is None or same_ends else interpolate(target_piece, aligned, key)
                         write_tensor(handle, merged)
         finally:
             for handle in handles.values():
