@@ -18,8 +18,9 @@ complete (:func:`~lmc.io.atomic_output_folder`): never half-written, never over 
 Every scope streams, ``full_model`` too: the solves are the in-memory ones
 (:func:`~lmc.matching.aligner.weight_alignment`, the coordinate descent over FFN, task-head, token,
 head and residual permutations for ``full_model``), run on a view that reads each source tensor
-through the group element found so far, so no model is ever held whole: a residual step reads
-every tensor once and keeps only the ``d x d`` correlation, an FFN step that FFN's tensors.
+through the group element found so far, so no model is ever held whole: a round of the descent
+reads each tensor of both models once, block by block, and forms the block's FFN correlation, Grams
+and share of the ``d x d`` residual correlation from that read (:meth:`_StreamedDescent.descent_round`).
 Every transform is applied to a tensor read as stored, so the aligned weights equal in-memory
 ``align``'s bit for bit (a permutation moves values exactly, and each attention layer's
 element is applied once as in memory); the distances equal them up to the order of summation.
@@ -36,6 +37,7 @@ import contextlib
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -67,8 +69,9 @@ from lmc.matching.checks import (
     check_same_tensors,
     check_unchanged,
 )
+from lmc.matching.layers import correlated_units
 from lmc.matching.options import checked_options
-from lmc.matching.permutation import squared_distance
+from lmc.matching.permutation import axis_correlation, squared_distance
 from lmc.symmetry import AttentionTransform, ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
 
 STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
@@ -200,6 +203,7 @@ class _Checked(Mapping[str, torch.Tensor]):
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], role: str, device: torch.device = CPU):
         self.tensors, self.role, self.device, self.kept = tensors, role, device, ("", None)
+        self.held: dict[str, torch.Tensor] = {}  # a block's tensors while a descent round works on it
 
     def read(self, name: str) -> torch.Tensor:
         """Tensor ``name`` read anew, checked, on the device."""
@@ -211,6 +215,8 @@ class _Checked(Mapping[str, torch.Tensor]):
         self.kept = ("", None)
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.held:
+            return self.held[name]
         if self.kept[0] != name:
             self.kept = (name, self.read(name))
         return self.kept[1]
@@ -233,6 +239,7 @@ class _Transformed(Mapping[str, torch.Tensor]):
         self.source, self.spec, self.report = source, spec, report
         self.layer_of = {name: i for i, block in enumerate(spec.blocks) for name in block.attention.parameters}
         self.kept: dict[str, torch.Tensor] = {}
+        self.held: dict[str, torch.Tensor] = {}  # a block's tensors while a descent round works on it
 
     def group(self, name: str) -> tuple[str, ...]:
         """The tensors transformed together with ``name``."""
@@ -257,6 +264,8 @@ class _Transformed(Mapping[str, torch.Tensor]):
         self.kept = {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.held:
+            return self.held[name]
         if name not in self.kept:
             self.kept = self.transformed(self.group(name))
         return self.kept[name]
@@ -276,7 +285,68 @@ class _StreamedDescent(WeightDescent):
         super().__init__(_Transformed(original, spec, report), target, original, spec, report, dtype)
 
     def transform_parameters(self, transform: ModelTransform) -> None:
+        # The held tensors were read through the transform so far: move them by the new step in place, as in
+        # memory; every other tensor is read anew through the composed transform (a permutation moves values
+        # exactly, so both give the same bits).
+        transform.apply_(self.parameters.held, self.spec, partial=True)
         self.parameters.forget()
+
+    @contextlib.contextmanager
+    def holding(self, names: Iterable[str]) -> Iterator[None]:
+        """Read tensors ``names`` (whole attention layers) of both models once and serve them from memory."""
+        names = tuple(names)
+        self.parameters.held = self.parameters.transformed(names)
+        self.target.held = {name: self.target.read(name) for name in names}
+        try:
+            yield
+        finally:
+            self.parameters.held, self.target.held = {}, {}
+
+    def descent_round(
+        self, spec: SymmetrySpec, attention: list[int], feed_forward: list[int], residual_axes: list
+    ) -> bool:
+        """A round of :meth:`WeightDescent.descent_round` reading each tensor once from each model.
+
+        The FFN, task-head, token and head steps each depend on the residual permutation only (each
+        moves tensors no other of them reads), so their order does not change what they find: each
+        block's FFN and head steps run on the block's tensors read together, and the block's share
+        of the residual correlation is formed from the same tensors, moved by them. The residual
+        correlation adds up the same products as in memory, grouped by block (float64 sums in another
+        order: equal up to rounding, the permutation found alike).
+        """
+        changed = False
+        for index in range(len(spec.task_heads)):
+            changed |= self.permute_task_head(index)
+        if spec.tokens is not None:
+            changed |= self.permute_tokens()
+        blocks = []
+        for index, block in enumerate(spec.blocks):
+            names = block.attention.parameters if index in attention else ()
+            if index in feed_forward:
+                names += tuple(name for name, _ in block.feed_forward.hidden.axes)
+            blocks.append((index, tuple(dict.fromkeys(names))))
+        held = {name for _, names in blocks for name in names}
+        residual = None
+        if spec.residual is not None:
+            rest = tuple((name, axis) for name, axis in residual_axes if name not in held)
+            residual = axis_correlation(self.parameters, self.target, replace(spec.residual, axes=rest))
+        for index, names in blocks:
+            if not names:
+                continue
+            with self.holding(names):
+                if index in feed_forward:
+                    changed |= self.permute_feed_forward(index)
+                if index in attention:
+                    changed |= self.permute_heads(index)
+                if residual is not None:
+                    axes = tuple((name, axis) for name, axis in residual_axes if name in names)
+                    residual += axis_correlation(self.parameters, self.target, replace(spec.residual, axes=axes))
+        if residual is not None:
+            perm = correlated_units(residual, spec.residual, self.dtype)
+            if not torch.equal(perm, torch.arange(spec.residual.size)):
+                self.apply(ModelTransform(residual=perm))
+                changed = True
+        return changed
 
 
 def _on_cpu(transform: ModelTransform) -> ModelTransform:
