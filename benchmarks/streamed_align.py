@@ -46,9 +46,16 @@ SHAPES = {
     "1b": (2048, 16, 32, 8, 8192, 128256, True),  # Llama-3.2-1B
     "8b": (4096, 32, 32, 8, 14336, 128256, False),  # Llama-3-8B
     "8b-2layers": (4096, 2, 32, 8, 14336, 128256, False),  # Llama-3-8B's layers, two of them: per-layer costs
+    "small": (2048, 4, 32, 8, 8192, 32000, False),  # Llama-3.2-1B's layers, four of them: ~0.75 GB a model
     "tiny": (256, 2, 4, 2, 512, 1000, False),  # a check of this script
 }
-NAMES = {"1b": "Llama-3.2-1B", "8b": "Llama-3-8B", "8b-2layers": "Llama-3-8B widths, 2 layers", "tiny": "tiny"}
+NAMES = {
+    "1b": "Llama-3.2-1B",
+    "8b": "Llama-3-8B",
+    "8b-2layers": "Llama-3-8B widths, 2 layers",
+    "small": "Llama-3.2-1B widths, 4 layers, 32k vocab",
+    "tiny": "tiny",
+}
 FULL_MODEL = ("1b", "tiny")  # shapes also aligned at full_model, streamed and in memory
 SHARD_BYTES = 5 * 10**9
 TARGET = {"shape": "8b", "seconds": 600.0, "peak_rss": 3 * 10**9}
@@ -204,13 +211,13 @@ def measure_streamed_full(source: str, target: str, output: str) -> dict:
     (GEMMs of the correlations and Grams, Stage 2, transforms, writes); and its rounds."""
     import lmc.matching.permutation as permutation
     from lmc.formats.safetensors import SafetensorsCheckpoint
-    from lmc.matching.aligner import WeightDescent
+    from lmc.formats.streamed import _StreamedDescent
 
     spent, assignments, rounds = {"read": 0.0, "assignment": 0.0}, [], [0]
-    solve, rows, permute_residual = (
+    solve, rows, descent_round = (
         permutation.linear_sum_assignment,
         SafetensorsCheckpoint.rows,
-        WeightDescent.permute_residual,
+        _StreamedDescent.descent_round,
     )
 
     def timed_solve(cost, maximize=False):
@@ -226,16 +233,16 @@ def measure_streamed_full(source: str, target: str, output: str) -> dict:
         spent["read"] += time.perf_counter() - begin
         return found
 
-    def counted(self, axes):
+    def counted(self, *args):
         rounds[0] += 1
-        return permute_residual(self, axes)
+        return descent_round(self, *args)
 
     permutation.linear_sum_assignment, SafetensorsCheckpoint.rows = timed_solve, timed_rows
-    WeightDescent.permute_residual = counted
+    _StreamedDescent.descent_round = counted
     row = measure_streamed(source, target, output, "full_model")
     sizes = sorted({size for size, _ in assignments})
     row["split"] = {**spent, "rest": row["seconds"] - sum(spent.values())}
-    row["rounds"] = rounds[0] - 1  # the first call starts the residual permutation from the anchors
+    row["rounds"] = rounds[0]
     row["assignment_seconds_by_size"] = {str(n): sum(t for m, t in assignments if m == n) for n in sizes}
     row["assignments"] = len(assignments)
     return row
@@ -400,9 +407,10 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
             "",
             "`align_directories` at `full_model` on the independent pair. Floor of one round: read every tensor",
             "of both models once, layer by layer, and run the GEMMs a round needs (Grams, FFN correlations, the",
-            "residual correlation); a round of the streamed descent reads the model more than once (each FFN,",
-            "head and residual step reads its own tensors), so the ratio is given per round. Split: file reads,",
-            "scipy's assignments, the rest (GEMMs, Stage 2, transforms, writes).",
+            "residual correlation). A round of the streamed descent reads each tensor of both models once (a",
+            "block's FFN, head and residual steps share one read); the whole run also reads the anchors before",
+            "the rounds, each layer for Stage 2 and both models to write, so the ratio is given per round. Split:",
+            "file reads, scipy's assignments, the rest (GEMMs, Stage 2, transforms, writes).",
             "",
             "| shape | streamed | rounds | reads + assignments + rest | assignments (size: seconds) "
             "| floor of one round | x floor per round | peak RSS | x in-memory time | distance aligned / naive |",

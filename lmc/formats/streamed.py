@@ -18,8 +18,9 @@ complete (:func:`~lmc.io.atomic_output_folder`): never half-written, never over 
 Every scope streams, ``full_model`` too: the solves are the in-memory ones
 (:func:`~lmc.matching.aligner.weight_alignment`, the coordinate descent over FFN, task-head, token,
 head and residual permutations for ``full_model``), run on a view that reads each source tensor
-through the group element found so far, so no model is ever held whole: a residual step reads
-every tensor once and keeps only the ``d x d`` correlation, an FFN step that FFN's tensors.
+through the group element found so far, so no model is ever held whole: a round of the descent
+reads each tensor of both models once, block by block, and forms the block's FFN correlation, Grams
+and share of the ``d x d`` residual correlation from that read (:meth:`_StreamedDescent.descent_round`).
 Every transform is applied to a tensor read as stored, so the aligned weights equal in-memory
 ``align``'s bit for bit (a permutation moves values exactly, and each attention layer's
 element is applied once as in memory); the distances equal them up to the order of summation.
@@ -36,6 +37,7 @@ import contextlib
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -67,8 +69,9 @@ from lmc.matching.checks import (
     check_same_tensors,
     check_unchanged,
 )
+from lmc.matching.layers import correlated_units
 from lmc.matching.options import checked_options
-from lmc.matching.permutation import squared_distance
+from lmc.matching.permutation import axis_correlation, squared_distance
 from lmc.symmetry import AttentionTransform, ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
 
 STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
@@ -200,6 +203,7 @@ class _Checked(Mapping[str, torch.Tensor]):
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], role: str, device: torch.device = CPU):
         self.tensors, self.role, self.device, self.kept = tensors, role, device, ("", None)
+        self.held: dict[str, torch.Tensor] = {}  # a block's tensors while a descent round works on it
 
     def read(self, name: str) -> torch.Tensor:
         """Tensor ``name`` read anew, checked, on the device."""
@@ -211,6 +215,8 @@ class _Checked(Mapping[str, torch.Tensor]):
         self.kept = ("", None)
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.held:
+            return self.held[name]
         if self.kept[0] != name:
             self.kept = (name, self.read(name))
         return self.kept[1]
@@ -233,6 +239,7 @@ class _Transformed(Mapping[str, torch.Tensor]):
         self.source, self.spec, self.report = source, spec, report
         self.layer_of = {name: i for i, block in enumerate(spec.blocks) for name in block.attention.parameters}
         self.kept: dict[str, torch.Tensor] = {}
+        self.held: dict[str, torch.Tensor] = {}  # a block's tensors while a descent round works on it
 
     def group(self, name: str) -> tuple[str, ...]:
         """The tensors transformed together with ``name``."""
@@ -247,16 +254,18 @@ class _Transformed(Mapping[str, torch.Tensor]):
         self.report.transform.apply_(tensors, self.spec, partial=True)
         return tensors
 
-    def moved_copy(self, name: str, piece: torch.Tensor) -> torch.Tensor:
-        """A copy of tensor ``name`` under the transform; ``piece`` is all of it or rows the transform keeps."""
-        tensors = {name: piece.clone()}
-        self.report.transform.apply_(tensors, self.spec, partial=True)
-        return tensors[name]
+    def moved(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copies of ``tensors`` under the transform: whole attention layers, or a tensor's rows the transform keeps."""
+        copies = {name: tensor.clone() for name, tensor in tensors.items()}
+        self.report.transform.apply_(copies, self.spec, partial=True)
+        return copies
 
     def forget(self) -> None:
         self.kept = {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self.held:
+            return self.held[name]
         if name not in self.kept:
             self.kept = self.transformed(self.group(name))
         return self.kept[name]
@@ -276,7 +285,68 @@ class _StreamedDescent(WeightDescent):
         super().__init__(_Transformed(original, spec, report), target, original, spec, report, dtype)
 
     def transform_parameters(self, transform: ModelTransform) -> None:
+        # The held tensors were read through the transform so far: move them by the new step in place, as in
+        # memory; every other tensor is read anew through the composed transform (a permutation moves values
+        # exactly, so both give the same bits).
+        transform.apply_(self.parameters.held, self.spec, partial=True)
         self.parameters.forget()
+
+    @contextlib.contextmanager
+    def holding(self, names: Iterable[str]) -> Iterator[None]:
+        """Read tensors ``names`` (whole attention layers) of both models once and serve them from memory."""
+        names = tuple(names)
+        self.parameters.held = self.parameters.transformed(names)
+        self.target.held = {name: self.target.read(name) for name in names}
+        try:
+            yield
+        finally:
+            self.parameters.held, self.target.held = {}, {}
+
+    def descent_round(
+        self, spec: SymmetrySpec, attention: list[int], feed_forward: list[int], residual_axes: list
+    ) -> bool:
+        """A round of :meth:`WeightDescent.descent_round` reading each tensor once from each model.
+
+        The FFN, task-head, token and head steps each depend on the residual permutation only (each
+        moves tensors no other of them reads), so their order does not change what they find: each
+        block's FFN and head steps run on the block's tensors read together, and the block's share
+        of the residual correlation is formed from the same tensors, moved by them. The residual
+        correlation adds up the same products as in memory, grouped by block (float64 sums in another
+        order: equal up to rounding, the permutation found alike).
+        """
+        changed = False
+        for index in range(len(spec.task_heads)):
+            changed |= self.permute_task_head(index)
+        if spec.tokens is not None:
+            changed |= self.permute_tokens()
+        blocks = []
+        for index, block in enumerate(spec.blocks):
+            names = block.attention.parameters if index in attention else ()
+            if index in feed_forward:
+                names += tuple(name for name, _ in block.feed_forward.hidden.axes)
+            blocks.append((index, tuple(dict.fromkeys(names))))
+        held = {name for _, names in blocks for name in names}
+        residual = None
+        if spec.residual is not None:
+            rest = tuple((name, axis) for name, axis in residual_axes if name not in held)
+            residual = axis_correlation(self.parameters, self.target, replace(spec.residual, axes=rest))
+        for index, names in blocks:
+            if not names:
+                continue
+            with self.holding(names):
+                if index in feed_forward:
+                    changed |= self.permute_feed_forward(index)
+                if index in attention:
+                    changed |= self.permute_heads(index)
+                if residual is not None:
+                    axes = tuple((name, axis) for name, axis in residual_axes if name in names)
+                    residual += axis_correlation(self.parameters, self.target, replace(spec.residual, axes=axes))
+        if residual is not None:
+            perm = correlated_units(residual, spec.residual, self.dtype)
+            if not torch.equal(perm, torch.arange(spec.residual.size)):
+                self.apply(ModelTransform(residual=perm))
+                changed = True
+        return changed
 
 
 def _on_cpu(transform: ModelTransform) -> ModelTransform:
@@ -316,7 +386,7 @@ class _AlignedTensors:
         group = self.aligned.group(name)
         if len(group) == 1:
             source = self.aligned.source[name]
-            return source, self.aligned.moved_copy(name, source)
+            return source, self.aligned.moved({name: source})[name]
         index = self.aligned.layer_of[name]
         if index not in self.ready:
             self.ready[index] = (*self._align(index, group), set())
@@ -327,8 +397,8 @@ class _AlignedTensors:
         return source[name], aligned[name]
 
     def _align(self, index: int, names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        source = {name: self.aligned.source[name] for name in names}
-        aligned = self.aligned.transformed(names)
+        source = {name: self.aligned.source.read(name) for name in names}
+        aligned = self.aligned.moved(source)  # from the tensors just read: each is read once
         layer, options = self.aligned.spec.blocks[index].attention, self.report.options
         error = attention_probe_error(layer, source, aligned, options.seed, self.report.transform.residual)
         self.report.probe_relative_error = max(self.report.probe_relative_error, error)
@@ -339,13 +409,18 @@ class _AlignedTensors:
 def _pieces(
     source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, blocks: _AlignedTensors, name: str
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """``(source, aligned, target)`` pieces of tensor ``name``: whole if it is transformed, else chunks of rows."""
+    """``(source, aligned, target)`` pieces of tensor ``name``, the source's checked finite: whole if it is
+    transformed whole, else chunks of rows (``aligned`` is then the source's piece itself where the transform
+    leaves the tensor)."""
     if name in blocks.whole:
         yield *blocks.take(name), target[name]
         return
+    is_float = source.entries[name].is_float
     for start, stop in source.chunks(name):
         piece = source.rows(name, start, stop)
-        aligned = blocks.aligned.moved_copy(name, piece) if name in blocks.moved else piece
+        if is_float:
+            check_finite("source", name, piece)
+        aligned = blocks.aligned.moved({name: piece})[name] if name in blocks.moved else piece
         yield piece, aligned, target.rows(name, start, stop)
 
 
@@ -360,8 +435,9 @@ def _write(
 ) -> dict[str, float]:
     """Write the aligned model (key ``None``) and each merge (key alpha) shard by shard.
 
-    Every piece is checked as it is copied: finite, and outside the scope equal in both. Returns
-    the squared distances to the target over the scope, ``naive`` and ``aligned``.
+    Every tensor is read once from each model, and every piece checked as it is copied: finite,
+    and outside the scope equal in both. Returns the squared distances to the target over the
+    scope, ``naive`` and ``aligned``.
     """
     squared = {"naive": 0.0, "aligned": 0.0}
     for folder in folders.values():
@@ -373,17 +449,19 @@ def _write(
                 handle.write(source.headers[shard])
             for name in source.names(shard):
                 is_float = source.entries[name].is_float
+                unchanged = name in parameters and name not in scoped
                 for source_piece, aligned, target_piece in _pieces(source, target, blocks, name):
-                    if is_float:
-                        check_finite("source", name, source_piece)
+                    if unchanged:  # equal to the source's piece, so finite too
+                        check_unchanged(scope, name, source_piece, target_piece)
+                    elif is_float:
                         check_finite("target", name, target_piece)
                     if name in scoped:
                         squared["naive"] += squared_distance(source_piece, target_piece)
                         squared["aligned"] += squared_distance(aligned, target_piece)
-                    elif name in parameters:
-                        check_unchanged(scope, name, source_piece, target_piece)
+                    # A merge of two equal pieces is the piece itself (torch.lerp is exact at equal ends).
+                    same_ends = not is_float or (unchanged and aligned is source_piece)
                     for key, handle in handles.items():
-                        merged = aligned if key is None or not is_float else interpolate(target_piece, aligned, key)
+                        merged = aligned if key is None or same_ends else interpolate(target_piece, aligned, key)
                         write_tensor(handle, merged)
         finally:
             for handle in handles.values():

@@ -149,6 +149,24 @@ class WeightDescent:
             self.apply(ModelTransform(residual=perm))
         return perm is not None
 
+    def descent_round(
+        self, spec: SymmetrySpec, attention: list[int], feed_forward: list[int], residual_axes: list
+    ) -> bool:
+        """One round of :func:`coordinate_descent`: the FFN, task-head, token and head permutations, each with
+        the residual one fixed, then the residual one over ``residual_axes``; whether any changed."""
+        changed = False
+        for index in feed_forward:
+            changed |= self.permute_feed_forward(index)
+        for index in range(len(spec.task_heads)):
+            changed |= self.permute_task_head(index)
+        if spec.tokens is not None:
+            changed |= self.permute_tokens()
+        for index in attention:
+            changed |= self.permute_heads(index)
+        if spec.residual is not None:
+            changed |= self.permute_residual(residual_axes)
+        return changed
+
     def record_tokens(self, seconds: float) -> None:
         """Report the token permutation found so far (the identity if none)."""
         tokens, perm = self.spec.tokens, self.report.transform.tokens
@@ -358,18 +376,7 @@ def coordinate_descent(
     if spec.residual is not None:
         aligner.permute_residual(anchors)
     for _ in range(aligner.options.max_iterations):
-        changed = False
-        for index in feed_forward:
-            changed |= aligner.permute_feed_forward(index)
-        for index in range(len(spec.task_heads)):
-            changed |= aligner.permute_task_head(index)
-        if spec.tokens is not None:
-            changed |= aligner.permute_tokens()
-        for index in attention:
-            changed |= aligner.permute_heads(index)
-        if spec.residual is not None:
-            changed |= aligner.permute_residual(anchors + through_hidden)
-        if not changed:
+        if not aligner.descent_round(spec, attention, feed_forward, anchors + through_hidden):
             break
     seconds = time.perf_counter() - start
     transform = aligner.report.transform

@@ -170,8 +170,13 @@ def match_units(
     Returns:
         ``perm`` ``(size,)``: source unit ``perm[k]`` goes to position ``k``.
     """
-    correlation = axis_correlation(source, target, permutation)
     dtype = next(iter(source[name] for name, _ in permutation.axes)).dtype
+    return correlated_units(axis_correlation(source, target, permutation), permutation, dtype)
+
+
+def correlated_units(correlation: torch.Tensor, permutation: AxisPermutation, dtype: torch.dtype) -> torch.Tensor:
+    """The permutation of ``permutation``'s units maximizing their summed weight ``correlation`` ``(size, size)``
+    (as :func:`match_units`), refused if the correlation overflowed for weights in ``dtype``."""
     require_finite(bool(torch.isfinite(correlation).all()), f"{permutation.name}: the weight correlation", dtype)
     return best_permutation(correlation)
 

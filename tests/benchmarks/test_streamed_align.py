@@ -16,8 +16,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _leaves(value: object, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    """The key paths of a JSON object's leaves."""
-    if not isinstance(value, dict):
+    """The key paths of a JSON object's leaves; a mapping keyed by data (the assignments' sizes) is one leaf."""
+    if not isinstance(value, dict) or prefix[-1:] == ("assignment_seconds_by_size",):
         return {prefix}
     return set().union(*(_leaves(v, (*prefix, k)) for k, v in value.items())) if value else {prefix}
 

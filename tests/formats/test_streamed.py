@@ -462,6 +462,43 @@ def test_tensors_moved_a_chunk_at_a_time_equal_the_in_memory_alignment(tmp_path,
         assert torch.equal(merged[name], interpolate(target_weights[name], value, 0.5)), name
 
 
+def test_a_descent_round_reads_each_tensor_once_from_each_model(tmp_path, monkeypatch):
+    # The FFN, head and residual steps of a round share one read of each block (in memory's order
+    # in effect, the alignment above equal to align's): the I/O of a round is one pass over both models.
+    from collections import Counter
+
+    import lmc.formats.safetensors
+
+    rows, descent_round = (
+        lmc.formats.safetensors.SafetensorsCheckpoint.rows,
+        lmc.formats.streamed._StreamedDescent.descent_round,
+    )
+    reads, rounds = Counter(), []
+
+    def counted(checkpoint, name, start, stop):
+        if rounds and rounds[-1] is None:
+            reads[len(rounds), checkpoint.folder.name, name] += 1
+        return rows(checkpoint, name, start, stop)
+
+    def watched(descent, *args):
+        rounds.append(None)
+        try:
+            return descent_round(descent, *args)
+        finally:
+            rounds[-1] = True
+
+    monkeypatch.setattr(lmc.formats.safetensors.SafetensorsCheckpoint, "rows", counted)
+    monkeypatch.setattr(lmc.formats.streamed._StreamedDescent, "descent_round", watched)
+    source, target = (randomize_parameters_(create_model("llama-tiny"), seed=seed) for seed in (0, 1))
+    source_dir, target_dir = save(source, tmp_path / "source", True), save(target, tmp_path / "target", False)
+    align_directories(source_dir, target_dir, tmp_path / "out", "full_model")
+    stored = set(source.state_dict())
+    assert len(rounds) >= 2 and set(reads.values()) == {1}
+    for round_number in range(1, len(rounds) + 1):
+        for folder in ("source", "target"):
+            assert {name for r, f, name in reads if (r, f) == (round_number, folder)} == stored, (round_number, folder)
+
+
 def test_a_device_without_a_gpu_is_refused_before_anything_is_read(tmp_path, llama_pair, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=r"device 'cuda': PyTorch sees no CUDA GPU here .* use device 'cpu'"):
