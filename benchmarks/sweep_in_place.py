@@ -59,7 +59,7 @@ def measure(mode: str) -> dict:
                 model_a,
                 endpoint_a,
                 endpoint_b,
-                lambda per_batch: evaluate(sums_for(model_a), batches, "cpu", per_batch),
+                lambda per_cluster: evaluate(sums_for(model_a), batches, "cpu", per_cluster),
                 alphas,
                 store,
                 "naive",

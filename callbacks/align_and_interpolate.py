@@ -13,7 +13,7 @@ first moved to ``stale/`` (one log line says so).
 The references and the output folder are checked when fitting starts, not after training.
 
 Distributed (Lightning DDP, one or many nodes): every rank evaluates its own shard (samples
-``rank::world_size``, no padding) and the metric sums (``LMCModule.metric_sums``) are
+``rank::world_size``, no padding) and the metric sums (``LMCModule.sample_sums``, added up) are
 all-reduced, so the curve equals the single-process one; only rank 0 writes. Killed during a
 sweep, a rerun resumes from the points already in ``lmc_sweep_state_<i>.json`` (one per
 reference) and ends with the same results; a state of another sweep (other weights, split,
@@ -124,7 +124,7 @@ class AlignAndInterpolate(L.Callback):
 
         def metric_sums(batch):
             with trainer.precision_plugin.forward_context():
-                return pl_module.metric_sums(batch)
+                return pl_module.sample_sums(batch)
 
         distributed = trainer.world_size > 1
         return Evaluation(

@@ -90,7 +90,7 @@ def interpolate(
         split = data_options.split
         loader = DataLoader(data.split(split), batch_size=data_options.batch_size or data.batch_size)
         architecture = {k: hyperparameters.get(k) for k in ("model", "model_config")}
-        evaluation = Evaluation(module.metric_sums, loader, split, data_identity(data), architecture)
+        evaluation = Evaluation(module.sample_sums, loader, split, data_identity(data), architecture)
         model, reference, task = module.model, reference_module.model, data.info.task
         if options.data_aware:
             calibration = training_calibration(data, module.model_loss, options.calibration_batches)
@@ -120,8 +120,8 @@ def _external_evaluation(a: Checkpoint, b: Checkpoint, data: Path, data_options:
         batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
         inputs = adapter.model_inputs(model.model, batch)
         if user.task == "masked_lm":  # the heads' outputs by name: the loss is scored on the chosen tokens only
-            return masked_lm_sums(model.model(**inputs), batch)
-        return classification_sums(adapter.forward(model.model, inputs), batch["labels"])
+            return masked_lm_sums(model.model(**inputs), batch, per_sample=True)
+        return classification_sums(adapter.forward(model.model, inputs), batch["labels"], per_sample=True)
 
     loader = DataLoader(user.dataset, batch_size=data_options.batch_size or 32)
     architecture = {"format": model.format, **model.architecture()}

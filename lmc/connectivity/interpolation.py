@@ -22,10 +22,14 @@ from torch import nn
 from lmc.io import atomic_write_json, nan_for_null
 from lmc.symmetry import compute_dtype
 
-#: Named float64 sums over the samples (or tokens) of one batch: ``{"count": n, "loss": ..., ...}``.
+#: Named float64 sums of one batch: ``{"count": ..., "loss": ..., ...}``, each a ``(B,)`` vector of
+#: per-sample sums (a sample's tokens, for language modelling) or a scalar over the whole batch.
 MetricSums = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 #: The metrics whose barriers are measured (every metric is swept and recorded).
 BARRIER_METRICS = ("loss", "accuracy")
+#: Consecutive evaluated samples per bootstrap cluster (:func:`evaluate`). Fixed, so that the
+#: clusters do not depend on the batch size; small, so that 250 samples still give 32 clusters.
+CLUSTER_SAMPLES = 8
 
 
 def evenly_spaced(count: int = 25) -> list[float]:
@@ -74,28 +78,29 @@ def barriers(points: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-def recorded_batch_sums(state_path: str | Path, curve: str = "aligned") -> list[list[dict[str, float]]] | None:
-    """The per-batch sums a finished sweep state file (:class:`SweepStore`) holds for ``curve``,
-    one list per alpha in order; ``None`` when the file or any point's batches are missing."""
+def recorded_cluster_sums(state_path: str | Path, curve: str = "aligned") -> list[list[dict[str, float]]] | None:
+    """The per-cluster sums a finished sweep state file (:class:`SweepStore`) holds for ``curve``,
+    one list per alpha in order; ``None`` when the file or any point's clusters are missing."""
     path = Path(state_path)
     if not path.is_file():
         return None
     saved = json.loads(path.read_text())
-    return SweepStore(path, saved["key"], saved["points"], saved.get("batches", {})).batch_sums(curve)
+    return SweepStore(path, saved["key"], saved["points"], saved.get("clusters", {})).cluster_sums(curve)
 
 
 def bootstrap_barriers(
     curves: dict[str, list[list[dict[str, float]]]], alphas: list[float], resamples: int = 1000, seed: int = 0
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """The loss and accuracy barriers of each curve on ``resamples`` bootstrap draws of its evaluated batches.
+    """The loss and accuracy barriers of each curve on ``resamples`` bootstrap draws of its evaluated clusters.
 
-    Every curve must have been evaluated on the same batches: each draw picks ``B`` of the ``B``
-    batches with replacement and is shared by all curves, so differences between curves are
-    paired (the noise of the evaluation data, not of the models). A batch is the unit of the
-    bootstrap (a cluster of samples, or of a sequence's tokens).
+    Every curve must have been evaluated on the same clusters (:func:`evaluate`): each draw picks
+    ``C`` of the ``C`` clusters with replacement and is shared by all curves, so differences
+    between curves are paired (the noise of the evaluation data, not of the models). A cluster of
+    consecutive samples, not a sample, is the unit, so that neighbouring samples that resemble
+    each other (windows of one text) are not counted as independent.
 
     Args:
-        curves: Per curve, the per-batch sums of each alpha (:func:`recorded_batch_sums`).
+        curves: Per curve, the per-cluster sums of each alpha (:func:`recorded_cluster_sums`).
         alphas: The curves' alphas.
         resamples: Bootstrap draws.
         seed: Seed of the draws.
@@ -103,11 +108,11 @@ def bootstrap_barriers(
     Returns:
         ``{curve: {"loss_barrier": (resamples,), "accuracy_barrier": (resamples,)}}``, float64.
     """
-    batches = {len(per_alpha) for points in curves.values() for per_alpha in points}
-    if len(batches) != 1 or any(len(points) != len(alphas) for points in curves.values()):
-        raise ValueError("bootstrapped curves need the same batches at every alpha and one point per alpha")
+    clusters = {len(per_alpha) for points in curves.values() for per_alpha in points}
+    if len(clusters) != 1 or any(len(points) != len(alphas) for points in curves.values()):
+        raise ValueError("bootstrapped curves need the same clusters at every alpha and one point per alpha")
     generator = torch.Generator().manual_seed(seed)
-    (count,) = batches
+    (count,) = clusters
     draws = torch.randint(count, (resamples, count), generator=generator)
     weights = torch.zeros(resamples, count, dtype=torch.float64).scatter_add_(
         1, draws, torch.ones(resamples, count, dtype=torch.float64)
@@ -116,9 +121,11 @@ def bootstrap_barriers(
     result = {}
     for name, points in curves.items():
         sums = {
-            metric: torch.tensor([[batch[metric] for batch in per_alpha] for per_alpha in points], dtype=torch.float64)
+            metric: torch.tensor(
+                [[cluster[metric] for cluster in per_alpha] for per_alpha in points], dtype=torch.float64
+            )
             for metric in ("count", *BARRIER_METRICS)
-        }  # (alphas, batches)
+        }  # (alphas, clusters)
         means = {metric: (weights @ sums[metric].T) / (weights @ sums["count"].T) for metric in BARRIER_METRICS}
         loss, accuracy = means["loss"], means["accuracy"]  # (resamples, alphas)
         loss_line = (1 - a) * loss[:, :1] + a * loss[:, -1:]
@@ -130,27 +137,82 @@ def bootstrap_barriers(
     return result
 
 
+class _ClusterRecorder:
+    """Cuts an evaluation's sums into the clusters :func:`bootstrap_barriers` resamples.
+
+    Per-sample sums (``(B,)`` vectors) are grouped into clusters of :data:`CLUSTER_SAMPLES`
+    consecutive samples in evaluation order across batches, the last one possibly smaller:
+    the clusters are the same whatever the batch size. Sums of a whole batch (scalars) make
+    the batch one cluster.
+    """
+
+    def __init__(self, clusters: list[dict[str, float]]):
+        self.clusters = clusters
+        self.names: list[str] | None = None
+        self.per_sample: bool | None = None
+        self.pending: torch.Tensor | None = None  # (names, samples) not yet in a full cluster
+
+    def add(self, sums: dict[str, torch.Tensor]) -> None:
+        names = sorted(sums)
+        stacked = torch.stack([sums[name].double() for name in names]).cpu()  # (names,) or (names, B)
+        per_sample = stacked.ndim == 2
+        if self.names is not None and (names, per_sample) != (self.names, self.per_sample):
+            raise ValueError(
+                "every batch's metric sums must name the same sums and be per-sample (B,) vectors in every "
+                f"batch or scalars in every batch, got {names} ({'per sample' if per_sample else 'per batch'}) "
+                f"after {self.names} ({'per sample' if self.per_sample else 'per batch'})"
+            )
+        self.names, self.per_sample = names, per_sample
+        if not per_sample:
+            self.clusters.append(dict(zip(names, stacked.tolist())))
+            return
+        pending = stacked if self.pending is None else torch.cat([self.pending, stacked], 1)
+        full = pending.shape[1] // CLUSTER_SAMPLES * CLUSTER_SAMPLES
+        cluster_sums = pending[:, :full].reshape(len(names), -1, CLUSTER_SAMPLES).sum(2)  # (names, clusters)
+        self.clusters.extend(dict(zip(names, cluster)) for cluster in cluster_sums.T.tolist())
+        self.pending = pending[:, full:]
+
+    def finish(self) -> None:
+        if self.pending is not None and self.pending.shape[1]:
+            self.clusters.append(dict(zip(self.names, self.pending.sum(1).tolist())))
+
+
 @torch.no_grad()
 def evaluate(
     metric_sums: MetricSums,
     batches: Iterable[dict[str, torch.Tensor]],
     device: torch.device,
-    per_batch: list[dict[str, float]] | None = None,
+    per_cluster: list[dict[str, float]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Each of ``metric_sums``'s sums added over ``batches``: float64 scalars on ``device``.
 
     Args:
-        per_batch: Receives each batch's sums, in order: the clusters a bootstrap over the
+        metric_sums: A batch's named sums: per-sample ``(B,)`` vectors, or scalars over the batch.
+        per_cluster: Receives the sums of each cluster of :data:`CLUSTER_SAMPLES` consecutive
+            samples (or of each batch, for scalar sums), in order: what a bootstrap over the
             evaluated samples resamples (:func:`bootstrap_barriers`).
+
+    Raises:
+        ValueError: The sums are neither all scalars nor all ``(B,)`` vectors of one length, or
+            nothing was evaluated.
     """
     totals: dict[str, torch.Tensor] = {}
+    recorder = None if per_cluster is None else _ClusterRecorder(per_cluster)
     for batch in batches:
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         sums = metric_sums(batch)
-        if per_batch is not None:
-            per_batch.append({name: float(value) for name, value in sums.items()})
+        shapes = {tuple(value.shape) for value in sums.values()}
+        if len(shapes) > 1 or any(len(shape) > 1 for shape in shapes):
+            raise ValueError(
+                f"a batch's metric sums must be all scalars or all per-sample (B,) vectors, got shapes "
+                f"{ {name: tuple(value.shape) for name, value in sums.items()} }"
+            )
+        if recorder is not None:
+            recorder.add(sums)
         for name, value in sums.items():
-            totals[name] = totals.get(name, 0) + value.double()
+            totals[name] = totals.get(name, 0) + value.double().sum()
+    if recorder is not None:
+        recorder.finish()
     if "count" not in totals:
         raise ValueError("nothing was evaluated: the batches are empty or the metric sums have no 'count'")
     return totals
@@ -206,14 +268,14 @@ class SweepStore:
     path: Path | None
     key: str
     points: dict[str, dict[str, dict[str, float]]]
-    batches: dict[str, dict[str, list[dict[str, float]]]] = field(default_factory=dict)
-    """Each point's sums per evaluated batch (``curve -> alpha index -> [sums, ...]``), where the
+    clusters: dict[str, dict[str, list[dict[str, float]]]] = field(default_factory=dict)
+    """Each point's sums per evaluated cluster (``curve -> alpha index -> [sums, ...]``), where the
     evaluation recorded them (one process): what :func:`bootstrap_barriers` resamples."""
 
     @classmethod
     def open(cls, path: str | Path | None, key: str) -> SweepStore:
         path = None if path is None else Path(path)
-        points, batches = {}, {}
+        points, clusters = {}, {}
         if path is not None and path.is_file():
             try:
                 saved = json.loads(path.read_text())
@@ -222,15 +284,15 @@ class SweepStore:
                 saved = None
             if isinstance(saved, dict) and saved.get("key") == key and isinstance(saved.get("points"), dict):
                 points = nan_for_null(saved["points"])
-                batches = nan_for_null(saved.get("batches", {}))
-        return cls(path, key, points, batches)
+                clusters = nan_for_null(saved.get("clusters", {}))
+        return cls(path, key, points, clusters)
 
     def get(self, curve: str, index: int) -> dict[str, float] | None:
         return self.points.get(curve, {}).get(str(index))
 
-    def batch_sums(self, curve: str) -> list[list[dict[str, float]]] | None:
-        """The per-batch sums of every point of ``curve`` in alpha order, ``None`` unless each point has them."""
-        recorded = self.batches.get(curve, {})
+    def cluster_sums(self, curve: str) -> list[list[dict[str, float]]] | None:
+        """The per-cluster sums of every point of ``curve`` in alpha order, ``None`` unless each point has them."""
+        recorded = self.clusters.get(curve, {})
         indices = sorted(self.points.get(curve, {}), key=int)
         if not indices or any(index not in recorded for index in indices):
             return None
@@ -242,13 +304,13 @@ class SweepStore:
         index: int,
         point: dict[str, float],
         write: bool,
-        batches: list[dict[str, float]] | None = None,
+        clusters: list[dict[str, float]] | None = None,
     ) -> None:
         self.points.setdefault(curve, {})[str(index)] = point
-        if batches:
-            self.batches.setdefault(curve, {})[str(index)] = batches
+        if clusters:
+            self.clusters.setdefault(curve, {})[str(index)] = clusters
         if write and self.path is not None:
-            atomic_write_json(self.path, {"key": self.key, "points": self.points, "batches": self.batches})
+            atomic_write_json(self.path, {"key": self.key, "points": self.points, "clusters": self.clusters})
 
 
 @torch.no_grad()
@@ -270,7 +332,7 @@ def sweep(
             match ``endpoint_a`` and ``endpoint_b``). Left holding ``endpoint_a`` afterwards.
         endpoint_a, endpoint_b: The end points' parameters.
         evaluate_point: The (reduced) metric sums of the current weights, ``count`` included;
-            it may append each batch's sums to the list it is given, which the store then keeps.
+            it may append each cluster's sums to the list it is given, which the store then keeps.
         alphas: Interpolation coefficients.
         store: Finished points; those already there are not evaluated again.
         curve: Name of the curve in ``store``.
@@ -290,10 +352,10 @@ def sweep(
             if point is None:
                 for target, a, b in zip(parameters, endpoint_a, endpoint_b):
                     target.copy_(interpolate(a, b, alpha))
-                per_batch: list[dict[str, float]] = []
-                sums = {name: float(value) for name, value in evaluate_point(per_batch).items()}
+                per_cluster: list[dict[str, float]] = []
+                sums = {name: float(value) for name, value in evaluate_point(per_cluster).items()}
                 point = {"alpha": alpha, **point_metrics(sums)}
-                store.put(curve, index, point, write, per_batch)
+                store.put(curve, index, point, write, per_cluster)
             points.append(point)
             if progress is not None:
                 progress(f"{curve} " + " ".join(f"{name}={value:.4f}" for name, value in point.items()))

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lmc.connectivity.interpolation import (
+    CLUSTER_SAMPLES,
     MetricSums,
     SweepStore,
     barriers,
@@ -48,8 +49,8 @@ class Evaluation:
     floating-point rounding.
 
     Attributes:
-        metric_sums: Named float64 sums of one batch, ``count`` included
-            (:meth:`lmc.training.LMCModule.metric_sums`).
+        metric_sums: Named float64 sums of one batch, ``count`` included: per-sample ``(B,)``
+            vectors (:meth:`lmc.training.LMCModule.sample_sums`) or scalars over the batch.
         batches: This process's batches (its shard when distributed), iterated once per point.
         split: The split evaluated (``"val"`` or ``"test"``).
         data: Identity of the data: the DataModule's class and settings (:func:`data_identity`).
@@ -66,19 +67,25 @@ class Evaluation:
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def identity(self) -> dict[str, Any]:
-        """What this evaluation contributes to a sweep's key."""
-        return {"split": self.split, "data": dict(self.data), "architecture": dict(self.architecture)}
+        """What this evaluation contributes to a sweep's key: the cluster size too, which changes
+        what a sweep records for the bootstrap (not its points)."""
+        return {
+            "split": self.split,
+            "data": dict(self.data),
+            "architecture": dict(self.architecture),
+            "cluster_samples": CLUSTER_SAMPLES,
+        }
 
-    def sums(self, device: torch.device, per_batch: list[dict[str, float]] | None = None) -> dict[str, torch.Tensor]:
+    def sums(self, device: torch.device, per_cluster: list[dict[str, float]] | None = None) -> dict[str, torch.Tensor]:
         """The metric sums of the model's current weights over every process's batches.
 
         Args:
-            per_batch: Receives each batch's sums in a single process (a distributed evaluation's
-                batches are split over processes, so it records none).
+            per_cluster: Receives each cluster's sums in a single process (:func:`evaluate`; a
+                distributed evaluation's samples are split over processes, so it records none).
         """
         if self.all_reduce is not None:
             return reduce_sums(evaluate(self.metric_sums, self.batches, device), self.all_reduce)
-        return evaluate(self.metric_sums, self.batches, device, per_batch)
+        return evaluate(self.metric_sums, self.batches, device, per_cluster)
 
 
 def _nothing() -> None:
@@ -348,7 +355,7 @@ def measure_connectivity(
             model,
             endpoint_a,
             endpoints[curve],
-            lambda per_batch: evaluation.sums(device, per_batch),
+            lambda per_cluster: evaluation.sums(device, per_cluster),
             alphas,
             stores[curve],
             curve,

@@ -266,7 +266,7 @@ class Experiment:
         loader = DataLoader(dataset, batch_size=self.protocol.eval_batch_size or datamodule.batch_size)
         alphas = evenly_spaced(self.protocol.num_alphas)
         evaluation = Evaluation(
-            module.metric_sums,
+            module.sample_sums,
             loader,
             self.protocol.split,
             data,

@@ -14,7 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lmc.connectivity.interpolation import BARRIER_METRICS, barriers, bootstrap_barriers, recorded_batch_sums
+from lmc.connectivity.interpolation import (
+    BARRIER_METRICS,
+    CLUSTER_SAMPLES,
+    barriers,
+    bootstrap_barriers,
+    recorded_cluster_sums,
+)
 from lmc.experiments.protocol import RunError
 from lmc.experiments.spread import cell, spread
 from lmc.matching import AlignOptions
@@ -29,7 +35,7 @@ HEAD_ORDERS = "head_orders"
 HEAD_ORDER_NOISE = "head_order_noise"
 #: Key of :func:`summarize_refinement` in ``summary.json``: the refinement's gap to its orthogonal start.
 REFINEMENT = "refinement"
-#: Bootstrap draws of the evaluated batches behind each noise estimate.
+#: Bootstrap draws of the evaluated samples (in clusters) behind each noise estimate.
 RESAMPLES = 1000
 #: An order is told apart from another when its barrier is lower in at least this share of the draws.
 TOLD_APART = 0.975
@@ -168,8 +174,8 @@ def head_order_noise(
 ) -> dict[str, dict[str, Any]]:
     """How far each alignment's head order is from the best one, against the noise of the evaluation data.
 
-    Every whole-curve order of :func:`sweep_head_orders` recorded its evaluated batches' sums;
-    :func:`~lmc.connectivity.interpolation.bootstrap_barriers` redraws those batches (the same draws for
+    Every whole-curve order of :func:`sweep_head_orders` recorded its evaluated clusters' sums;
+    :func:`~lmc.connectivity.interpolation.bootstrap_barriers` redraws those clusters (the same draws for
     every order), so each order's barrier has a distribution over evaluation sets of the same size.
     An order is told apart from another where its barrier is lower in :data:`TOLD_APART` of the draws.
 
@@ -183,14 +189,14 @@ def head_order_noise(
         Per alignment and barrier: ``gap`` (its order's barrier minus the best order's), ``gap_std``
         (the gap's bootstrap standard deviation), ``tie`` (the best order is not told apart from
         it) and ``rank_within_noise`` (1 + the orders told apart as lower). Empty when an order's
-        batches were not recorded (a distributed evaluation records none).
+        clusters were not recorded (a distributed evaluation records none).
     """
     whole = {
-        label: recorded_batch_sums(folder / label / "lmc_sweep_state_0.json")
+        label: recorded_cluster_sums(folder / label / "lmc_sweep_state_0.json")
         for label, result in orders.items()
         if len(result["settings"]["alphas"]) == len(alphas)
     }
-    if any(batches is None for batches in whole.values()) or not set(picked.values()) <= set(whole):
+    if any(clusters is None for clusters in whole.values()) or not set(picked.values()) <= set(whole):
         return {}
     draws = bootstrap_barriers(whole, alphas, RESAMPLES)
     noise: dict[str, dict[str, Any]] = {}
@@ -216,8 +222,8 @@ def refinement_noise(pair: Path, alphas: list[float]) -> dict[str, dict[str, Any
     """How far Stage 2's gradient refinement (``full``) moved the barrier of its orthogonal start
     (``orthogonal``, Variant 2) in one pair, against the noise of the evaluation data.
 
-    Both alignments' aligned curves recorded their evaluated batches' sums in their sweep state;
-    :func:`~lmc.connectivity.interpolation.bootstrap_barriers` redraws those batches (the same draws
+    Both alignments' aligned curves recorded their evaluated clusters' sums in their sweep state;
+    :func:`~lmc.connectivity.interpolation.bootstrap_barriers` redraws those clusters (the same draws
     for both curves), so the difference of the two barriers has a distribution over evaluation sets
     of the same size, as in :func:`head_order_noise`.
 
@@ -227,15 +233,15 @@ def refinement_noise(pair: Path, alphas: list[float]) -> dict[str, dict[str, Any
 
     Returns:
         Per barrier (``loss_barrier``, ``accuracy_barrier``): ``gap`` (full's barrier minus
-        orthogonal's, on every evaluated batch), ``gap_std`` (the gap's bootstrap standard deviation),
+        orthogonal's, on every evaluated sample), ``gap_std`` (the gap's bootstrap standard deviation),
         ``raised`` and ``lowered`` (full's barrier is higher, or lower, in at least :data:`TOLD_APART`
-        of the draws). Empty when a curve's batches were not recorded (a distributed evaluation records none).
+        of the draws). Empty when a curve's clusters were not recorded (a distributed evaluation records none).
     """
-    curves = {label: recorded_batch_sums(pair / label / "lmc_sweep_state_0.json") for label in ("orthogonal", "full")}
-    if any(batches is None for batches in curves.values()):
+    curves = {label: recorded_cluster_sums(pair / label / "lmc_sweep_state_0.json") for label in ("orthogonal", "full")}
+    if any(clusters is None for clusters in curves.values()):
         return {}
     draws = bootstrap_barriers(curves, alphas, RESAMPLES)
-    whole = {label: barriers(recorded_points(batch_sums, alphas)) for label, batch_sums in curves.items()}
+    whole = {label: barriers(recorded_points(cluster_sums, alphas)) for label, cluster_sums in curves.items()}
     noise = {}
     for name in ("loss_barrier", "accuracy_barrier"):
         difference = draws["full"][name] - draws["orthogonal"][name]
@@ -248,22 +254,22 @@ def refinement_noise(pair: Path, alphas: list[float]) -> dict[str, dict[str, Any
     return noise
 
 
-def recorded_points(batch_sums: list[list[dict[str, float]]], alphas: list[float]) -> list[dict[str, float]]:
-    """A curve's points on all its evaluated batches, from their per-batch sums (:func:`recorded_batch_sums`)."""
+def recorded_points(cluster_sums: list[list[dict[str, float]]], alphas: list[float]) -> list[dict[str, float]]:
+    """A curve's points on all its evaluated samples, from their per-cluster sums (:func:`recorded_cluster_sums`)."""
     return [
         {
             "alpha": alpha,
             **{
-                metric: sum(batch[metric] for batch in batches) / sum(batch["count"] for batch in batches)
+                metric: sum(cluster[metric] for cluster in clusters) / sum(cluster["count"] for cluster in clusters)
                 for metric in BARRIER_METRICS
             },
         }
-        for alpha, batches in zip(alphas, batch_sums, strict=True)
+        for alpha, clusters in zip(alphas, cluster_sums, strict=True)
     ]
 
 
 def summarize_refinement(pairs: dict[str, Path], alphas: list[float]) -> dict[str, Any]:
-    """:func:`refinement_noise` of every pair whose batches were recorded, and per barrier how many
+    """:func:`refinement_noise` of every pair whose clusters were recorded, and per barrier how many
     pairs the refinement raised (``raised``: any rise; ``raised_beyond_noise``) or lowered beyond the noise.
 
     Args:
@@ -289,7 +295,8 @@ def head_order_table(study: dict[str, Any]) -> list[str]:
         f"Head orders of the first attention layer: all {study['orders']}, each followed by the full Stage 2. "
         "Rank 1 is the order with the lowest barrier; L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100. "
         "Orders that cannot change a rank or L_top1 are swept at three alphas only (see lmc.experiments.table1). "
-        f"Against the noise of the evaluation data ({RESAMPLES} bootstrap draws of the evaluated batches): "
+        f"Against the noise of the evaluation data ({RESAMPLES} bootstrap draws of the evaluated samples, in "
+        f"clusters of {CLUSTER_SAMPLES} consecutive ones): "
         "`rank within noise` counts only the orders told apart as lower, and `tied with best` the pairs "
         "whose order the best one is not told apart from.",
         "",
@@ -329,7 +336,8 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         "query head with its key/value head (`orders`: 4! = 24 for 4 heads, 8 for 4 query heads on 2 key/value "
         "heads), each followed by the full Stage 2; `L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100`, and the "
         "aligned barrier as % of the naive one for each variant (loss barrier; accuracy in the "
-        "second table). Against the noise of the evaluation data (bootstrap draws of its batches): `within "
+        f"second table). Against the noise of the evaluation data (bootstrap draws of its samples, in clusters of "
+        f"{CLUSTER_SAMPLES} consecutive ones): `within "
         "noise` counts only the orders told apart as lower, `tied` the pairs whose order the best one is not "
         "told apart from.",
         "",
@@ -389,7 +397,7 @@ def refinement_lines(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         if measured:
             noise = {pair: entry["loss_barrier"] for pair, entry in measured.items()}
             beyond = [f"{pair} {e['gap']:+.3f} ± {e['gap_std']:.3f} nats" for pair, e in noise.items() if e["raised"]]
-            draws = f"in at least {TOLD_APART:.1%} of {RESAMPLES} bootstrap draws of the evaluated batches"
+            draws = f"in at least {TOLD_APART:.1%} of {RESAMPLES} bootstrap draws of the evaluated samples"
             lowered = f"{sum(e['lowered'] for e in noise.values())} of {len(noise)}"
             if raised or beyond:
                 line += (
@@ -399,7 +407,7 @@ def refinement_lines(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
                 )
             else:
                 line += f", and lowered it beyond the evaluation noise (lower {draws}) in {lowered}"
-            if len(noise) < len(refined):  # a distributed evaluation records no batches
+            if len(noise) < len(refined):  # a distributed evaluation records no clusters
                 line += f" (noise measured in {len(noise)} of {len(refined)} pairs)"
         lines.append(line + ".")
     return lines

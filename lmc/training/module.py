@@ -121,15 +121,22 @@ class LMCModule(L.LightningModule):
         logits = self.adapter.forward(model, self.adapter.model_inputs(model, batch))
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch["labels"].reshape(-1))
 
-    def metric_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Named float64 sums over a batch's samples (classification) or tokens (language modelling).
+    def sample_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Named float64 sums of each sample of a batch, ``(B,)`` each: over its one prediction
+        (classification) or its tokens (language modelling).
 
-        ``count`` is the number of samples or tokens, ``loss`` the summed cross-entropy and
-        ``accuracy`` the number of correct predictions; every reported metric is ``sum / count``.
-        Sums, not means, so that shards and batches combine exactly. A metric added here is
-        logged in training and swept by the interpolation without any other change.
+        ``count`` is the number of predictions, ``loss`` the summed cross-entropy and ``accuracy``
+        the number of correct predictions; every reported metric is ``sum / count``. Sums, not
+        means, so that samples, batches and shards combine exactly, and per sample, so that the
+        interpolation's bootstrap resamples clusters of samples whatever the batch size
+        (:func:`lmc.connectivity.interpolation.evaluate`). A metric added here is logged in
+        training and swept by the interpolation without any other change.
         """
-        return classification_sums(self(batch), batch["labels"])
+        return classification_sums(self(batch), batch["labels"], per_sample=True)
+
+    def metric_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """:meth:`sample_sums` added over the batch: float64 scalars."""
+        return {name: value.sum() for name, value in self.sample_sums(batch).items()}
 
     def _mean(self, stage: str, name: str) -> MeanMetric:
         key = f"{stage}_{name}"
@@ -187,25 +194,36 @@ class LMCModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def classification_sums(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``count``, summed cross-entropy ``loss`` and ``accuracy`` (correct predictions) as float64 scalars.
+def _scored(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in the precision their loss is taken in: float64 kept, anything else in float32."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
+def classification_sums(
+    logits: torch.Tensor, labels: torch.Tensor, per_sample: bool = False
+) -> dict[str, torch.Tensor]:
+    """``count``, summed cross-entropy ``loss`` and ``accuracy`` (correct predictions) in float64.
 
     Args:
         logits: ``(B, classes)`` or ``(B, T, vocab)``, any float dtype (the loss is taken in float32,
             or in float64 for float64 logits).
         labels: ``(B,)`` or ``(B, T)`` class indices.
+        per_sample: Return each sample's sums, ``(B,)`` (over its ``T`` tokens), instead of scalars.
     """
-    labels = labels.reshape(-1)
-    logits = logits.reshape(-1, logits.shape[-1])
-    logits = logits if logits.dtype == torch.float64 else logits.float()
-    return {
-        "count": torch.tensor(labels.numel(), dtype=torch.float64, device=labels.device),
-        "loss": F.cross_entropy(logits, labels, reduction="sum").double(),
-        "accuracy": (logits.argmax(-1) == labels).sum().double(),
+    samples = labels.shape[0]
+    losses = F.cross_entropy(_scored(logits).reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    correct = logits.argmax(-1).reshape(-1) == labels.reshape(-1)
+    sums = {
+        "count": torch.full((samples,), math.prod(labels.shape[1:]), dtype=torch.float64, device=labels.device),
+        "loss": losses.double().reshape(samples, -1).sum(1),
+        "accuracy": correct.double().reshape(samples, -1).sum(1),
     }
+    return sums if per_sample else {name: value.sum() for name, value in sums.items()}
 
 
-def masked_lm_sums(output: Mapping[str, torch.Tensor], batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def masked_lm_sums(
+    output: Mapping[str, torch.Tensor], batch: dict[str, torch.Tensor], per_sample: bool = False
+) -> dict[str, torch.Tensor]:
     """Float64 sums of a masked-LM batch (:mod:`lmc.formats.masked_lm`): ``count`` chosen positions,
     their summed cross-entropy ``loss`` and correct predictions ``accuracy``; with next-sentence
     labels also ``next_sentence/count``, ``next_sentence/loss`` and ``next_sentence/accuracy``
@@ -219,15 +237,26 @@ def masked_lm_sums(output: Mapping[str, torch.Tensor], batch: dict[str, torch.Te
         batch: ``labels`` ``(B, T)``: the original token at chosen positions, ``NOT_SCORED``
             elsewhere; ``next_sentence_label`` ``(B,)`` (0: the second sentence follows the
             first, 1: it is a random one, HF's convention) when the data gives sentence pairs.
+        per_sample: Return each sequence's sums, ``(B,)``, instead of scalars.
     """
     logits = output["prediction_logits"] if "prediction_logits" in output else output["logits"]
     labels = batch["labels"]
     chosen = labels != NOT_SCORED
-    sums = classification_sums(logits[chosen], labels[chosen])
+    losses = F.cross_entropy(  # 0 at the positions not scored
+        _scored(logits).flatten(0, 1),
+        labels.reshape(-1),
+        ignore_index=NOT_SCORED,
+        reduction="none",
+    )
+    sums = {
+        "count": chosen.double().sum(1),
+        "loss": losses.double().reshape(labels.shape).sum(1),
+        "accuracy": ((logits.argmax(-1) == labels) & chosen).double().sum(1),
+    }
     if "next_sentence_label" in batch:
-        pairs = classification_sums(output["seq_relationship_logits"], batch["next_sentence_label"])
+        pairs = classification_sums(output["seq_relationship_logits"], batch["next_sentence_label"], per_sample=True)
         sums.update({f"next_sentence/{name}": value for name, value in pairs.items()})
-    return sums
+    return sums if per_sample else {name: value.sum() for name, value in sums.items()}
 
 
 #: Hyper-parameters that fix the backbone's architecture (the rest are training settings).

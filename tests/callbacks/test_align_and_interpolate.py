@@ -50,15 +50,15 @@ def runs(tmp_path_factory):
 def counted(runs, monkeypatch):
     """Counts (and can interrupt) the fine-tuned module's batch evaluations; reruns log nothing."""
     module, calls = runs["module"], {"count": 0, "limit": None}
-    original = module.metric_sums
+    original = module.sample_sums
 
-    def metric_sums(batch):
+    def sample_sums(batch):
         if calls["count"] == calls["limit"]:
             raise KeyboardInterrupt  # the job is killed mid-sweep
         calls["count"] += 1
         return original(batch)
 
-    monkeypatch.setattr(module, "metric_sums", metric_sums)
+    monkeypatch.setattr(module, "sample_sums", sample_sums)
     monkeypatch.setattr(runs["trainer"], "loggers", [])  # keep the fixture's TensorBoard events as they are
     return calls
 
@@ -213,16 +213,16 @@ def test_a_new_run_moves_the_previous_results_aside_before_writing(runs, counted
     assert (folder / "stale" / "lmc_results.json").read_text() == previous  # nothing moved twice
 
 
-def test_a_metric_added_to_metric_sums_reaches_the_points_and_the_csv(runs, counted, monkeypatch, tmp_path):
+def test_a_metric_added_to_sample_sums_reaches_the_points_and_the_csv(runs, counted, monkeypatch, tmp_path):
     module = runs["module"]
-    original = module.metric_sums
+    original = module.sample_sums
 
     def with_confidence(batch):
         sums = original(batch)
         probabilities = module(batch).float().softmax(-1)
-        return {**sums, "confidence": probabilities.max(-1).values.sum().double()}
+        return {**sums, "confidence": probabilities.max(-1).values.double()}
 
-    monkeypatch.setattr(module, "metric_sums", with_confidence)
+    monkeypatch.setattr(module, "sample_sums", with_confidence)
     callback = AlignAndInterpolate(references=[str(runs["seed0"])], num_alphas=2, output_dir=str(tmp_path))
     (result,) = callback.run(runs["trainer"], module)["references"].values()
     for point in result["curves"]["naive"]["points"] + result["curves"]["aligned"]["points"]:

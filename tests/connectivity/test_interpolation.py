@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from lmc.connectivity.interpolation import (
+    CLUSTER_SAMPLES,
     SweepStore,
     barriers,
     bootstrap_barriers,
@@ -17,7 +18,7 @@ from lmc.connectivity.interpolation import (
     evenly_spaced,
     fingerprint,
     point_metrics,
-    recorded_batch_sums,
+    recorded_cluster_sums,
     reduce_sums,
     sweep,
 )
@@ -65,7 +66,7 @@ def test_in_place_sweep_equals_one_copy_per_alpha():
         model,
         endpoint_a,
         endpoint_b,
-        lambda per_batch: evaluate(_sums(model), _batches(), torch.device("cpu"), per_batch),
+        lambda per_cluster: evaluate(_sums(model), _batches(), torch.device("cpu"), per_cluster),
         alphas,
         SweepStore.open(None, "k"),
         "naive",
@@ -148,11 +149,11 @@ def test_a_killed_sweep_resumes_to_the_same_results(tmp_path):
     evaluated = []
 
     def dying_after(limit):
-        def evaluate_point(per_batch):
+        def evaluate_point(per_cluster):
             if len(evaluated) == limit:
                 raise KeyboardInterrupt  # the job is killed mid-sweep
             evaluated.append(1)
-            return evaluate(_sums(model), _batches(), torch.device("cpu"), per_batch)
+            return evaluate(_sums(model), _batches(), torch.device("cpu"), per_cluster)
 
         return evaluate_point
 
@@ -170,37 +171,88 @@ def test_a_killed_sweep_resumes_to_the_same_results(tmp_path):
         fresh_model,
         endpoint_a,
         endpoint_b,
-        lambda per_batch: evaluate(_sums(fresh_model), _batches(), torch.device("cpu"), per_batch),
+        lambda per_cluster: evaluate(_sums(fresh_model), _batches(), torch.device("cpu"), per_cluster),
         alphas,
         SweepStore.open(None, key),
         "aligned",
     )
     assert resumed == fresh
-    # The state keeps every point's per-batch sums, the resumed points' too: they add up to the point.
-    recorded = recorded_batch_sums(path)
-    assert len(recorded) == len(alphas) and all(len(batches) == len(_batches()) for batches in recorded)
-    for point, batches in zip(resumed, recorded):
-        assert sum(b["loss"] for b in batches) / sum(b["count"] for b in batches) == pytest.approx(point["loss"], 1e-12)
+    # The state keeps every point's clusters, the resumed points' too: whole batches for sums of a
+    # whole batch, and they add up to the point.
+    recorded = recorded_cluster_sums(path)
+    assert len(recorded) == len(alphas) and all(len(clusters) == len(_batches()) for clusters in recorded)
+    for point, clusters in zip(resumed, recorded):
+        total = sum(c["loss"] for c in clusters) / sum(c["count"] for c in clusters)
+        assert total == pytest.approx(point["loss"], rel=1e-12)
 
 
-def test_bootstrap_barriers_redraw_the_batches_the_same_way_for_every_curve():
+def _per_sample_sums(model: nn.Module):
+    def sample_sums(batch):
+        logits = model(batch["inputs"])
+        return {
+            "count": torch.ones(len(batch["labels"]), dtype=torch.float64),
+            "loss": nn.functional.cross_entropy(logits, batch["labels"], reduction="none"),
+            "accuracy": (logits.argmax(-1) == batch["labels"]).double(),
+        }
+
+    return sample_sums
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 8, 30])
+def test_per_sample_sums_make_clusters_of_consecutive_samples_whatever_the_batch_size(batch_size):
+    model, samples = _model(0), _batches()
+    inputs = torch.cat([batch["inputs"] for batch in samples])
+    labels = torch.cat([batch["labels"] for batch in samples])
+    rebatched = [
+        {"inputs": inputs[start : start + batch_size], "labels": labels[start : start + batch_size]}
+        for start in range(0, len(labels), batch_size)
+    ]
+    clusters = []
+    sums = evaluate(_per_sample_sums(model), rebatched, torch.device("cpu"), clusters)
+    # Computed apart, from the 30 samples' own losses: clusters of 8 consecutive ones, the last of 6.
+    with torch.no_grad():
+        losses = nn.functional.cross_entropy(model(inputs), labels, reduction="none")
+    bounds = list(range(0, len(labels), CLUSTER_SAMPLES)) + [len(labels)]
+    assert [c["count"] for c in clusters] == [float(end - start) for start, end in zip(bounds, bounds[1:])]
+    assert [c["count"] for c in clusters] == [8.0, 8.0, 8.0, 6.0]
+    for cluster, start, end in zip(clusters, bounds, bounds[1:]):
+        assert cluster["loss"] == pytest.approx(float(losses[start:end].sum()), rel=1e-14)
+    assert float(sums["loss"]) == pytest.approx(float(losses.sum()), rel=1e-14)
+    assert float(sums["count"]) == 30.0 and sums["loss"].ndim == 0
+
+
+def test_sums_that_mix_per_sample_and_per_batch_are_refused():
+    scalar, vector = _sums(_model(0)), _per_sample_sums(_model(0))
+    mixed = iter([vector, scalar, vector])
+    with pytest.raises(ValueError, match="per-sample .B,. vectors in every batch or scalars in every batch"):
+        evaluate(lambda batch: next(mixed)(batch), _batches(), torch.device("cpu"), [])
+
+    def uneven(batch):
+        sums = vector(batch)
+        return {**sums, "count": torch.tensor(float(len(batch["labels"])), dtype=torch.float64)}
+
+    with pytest.raises(ValueError, match="all scalars or all per-sample"):
+        evaluate(uneven, _batches(), torch.device("cpu"))
+
+
+def test_bootstrap_barriers_redraw_the_clusters_the_same_way_for_every_curve():
     alphas = [0.0, 0.5, 1.0]
 
-    def curve(middle: list[float]) -> list[list[dict[str, float]]]:  # 3 batches of 10 samples, loss sums
+    def curve(middle: list[float]) -> list[list[dict[str, float]]]:  # 3 clusters of 10 samples, loss sums
         ends = [{"count": 10.0, "loss": 10.0, "accuracy": 9.0} for _ in middle]
         return [ends, [{"count": 10.0, "loss": m, "accuracy": 5.0} for m in middle], ends]
 
     draws = bootstrap_barriers({"a": curve([20.0, 30.0, 40.0]), "b": curve([25.0, 35.0, 45.0])}, alphas, 200, seed=3)
     a, b = draws["a"]["loss_barrier"], draws["b"]["loss_barrier"]
-    # The end points lie at 1.0 and the middle at the drawn batches' mean: a barrier of mean/10 - 1.
+    # The end points lie at 1.0 and the middle at the drawn clusters' mean: a barrier of mean/10 - 1.
     assert a.shape == (200,) and float(a.min()) >= 1.0 - 1e-12 and float(a.max()) <= 3.0 + 1e-12
     assert torch.allclose(b - a, torch.full_like(a, 0.5), atol=1e-12, rtol=0)  # paired: the same draws
     assert torch.allclose(draws["a"]["accuracy_barrier"], torch.full_like(a, 0.4), atol=1e-12, rtol=0)
     assert torch.equal(
         bootstrap_barriers({"a": curve([20.0, 30.0, 40.0])}, alphas, 200, seed=3)["a"]["loss_barrier"], a
     )
-    assert float(a.std()) > 0.1  # the draws differ: batches of 2.0, 3.0 and 4.0 nats
-    with pytest.raises(ValueError, match="same batches"):
+    assert float(a.std()) > 0.1  # the draws differ: clusters of 2.0, 3.0 and 4.0 nats
+    with pytest.raises(ValueError, match="same clusters"):
         bootstrap_barriers({"a": curve([20.0, 30.0]), "b": curve([25.0, 35.0, 45.0])}, alphas)
 
 

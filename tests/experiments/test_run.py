@@ -373,14 +373,14 @@ def test_rank_and_l_hat_by_hand():
 
 def test_head_order_noise_tells_orders_apart_only_beyond_the_evaluation_noise(tmp_path):
     alphas = [0.0, 0.5, 1.0]
-    middles = {"012": [15.0] * 6, "021": [10.0, 21.0] * 3, "102": [25.0] * 6}  # loss sums of 6 batches of 10
+    middles = {"012": [15.0] * 6, "021": [10.0, 21.0] * 3, "102": [25.0] * 6}  # loss sums of 6 clusters of 10
     orders = {}
     for label, middle in middles.items():
         store = SweepStore(tmp_path / label / "lmc_sweep_state_0.json", "k", {})
-        for index, batch_losses in enumerate([[10.0] * 6, middle, [10.0] * 6]):
-            batches = [{"count": 10.0, "loss": loss, "accuracy": 5.0} for loss in batch_losses]
-            point = {"alpha": alphas[index], "loss": sum(batch_losses) / 60, "accuracy": 0.5}
-            store.put("aligned", index, point, True, batches)
+        for index, cluster_losses in enumerate([[10.0] * 6, middle, [10.0] * 6]):
+            clusters = [{"count": 10.0, "loss": loss, "accuracy": 5.0} for loss in cluster_losses]
+            point = {"alpha": alphas[index], "loss": sum(cluster_losses) / 60, "accuracy": 0.5}
+            store.put("aligned", index, point, True, clusters)
         points = [store.get("aligned", index) for index in range(3)]
         orders[label] = {"settings": {"alphas": alphas}, "curves": {"aligned": barriers(points)}}
     noise = lmc.experiments.table1.head_order_noise(orders, {"a": "102", "b": "021"}, tmp_path, alphas)
@@ -388,34 +388,34 @@ def test_head_order_noise_tells_orders_apart_only_beyond_the_evaluation_noise(tm
     a = noise["a"]["loss_barrier"]
     assert a["gap"] == pytest.approx(1.0, abs=1e-12) and a["gap_std"] == pytest.approx(0.0, abs=1e-12)
     assert not a["tie"] and a["rank_within_noise"] == 3
-    # 021 (0.55) is below 012 (0.5) in the draws with at most two of its 2.1-nat batches: about a third.
+    # 021 (0.55) is below 012 (0.5) in the draws with at most two of its 2.1-nat clusters: about a third.
     b = noise["b"]["loss_barrier"]
     assert b["gap"] == pytest.approx(0.05, abs=1e-12) and b["tie"] and b["rank_within_noise"] == 1
-    assert 0.2 < b["gap_std"] < 0.3  # 0.55 nats between the batches, 6 per draw: 0.55 / sqrt(6) = 0.22
+    assert 0.2 < b["gap_std"] < 0.3  # 0.55 nats between the clusters, 6 per draw: 0.55 / sqrt(6) = 0.22
     assert noise["b"]["accuracy_barrier"]["tie"]  # flat accuracy: every order ties
-    # Without the batches (a distributed evaluation), no noise is claimed.
+    # Without the clusters (a distributed evaluation), no noise is claimed.
     (tmp_path / "012" / "lmc_sweep_state_0.json").unlink()
     assert lmc.experiments.table1.head_order_noise(orders, {"a": "102"}, tmp_path, alphas) == {}
 
 
-def _write_aligned_curve(path: Path, alphas: list[float], middle: list[float], batches: bool = True) -> dict:
-    """An aligned curve of 6 batches of 10 samples, loss 1 at the end points and ``middle`` (loss sums) at 0.5,
+def _write_aligned_curve(path: Path, alphas: list[float], middle: list[float], clusters: bool = True) -> dict:
+    """An aligned curve of 6 clusters of 10 samples, loss 1 at the end points and ``middle`` (loss sums) at 0.5,
     written as a sweep state; returns its barriers, computed from its points."""
     store = SweepStore(path, "k", {})
-    for index, batch_losses in enumerate([[10.0] * 6, middle, [10.0] * 6]):
-        sums = [{"count": 10.0, "loss": loss, "accuracy": 5.0} for loss in batch_losses]
-        point = {"alpha": alphas[index], "loss": sum(batch_losses) / 60, "accuracy": 0.5}
-        store.put("aligned", index, point, True, sums if batches else None)
+    for index, cluster_losses in enumerate([[10.0] * 6, middle, [10.0] * 6]):
+        sums = [{"count": 10.0, "loss": loss, "accuracy": 5.0} for loss in cluster_losses]
+        point = {"alpha": alphas[index], "loss": sum(cluster_losses) / 60, "accuracy": 0.5}
+        store.put("aligned", index, point, True, sums if clusters else None)
     return barriers([store.get("aligned", index) for index in range(3)])
 
 
 def test_refinement_noise_tells_a_rise_or_a_fall_from_the_evaluation_noise(tmp_path):
     alphas = [0.0, 0.5, 1.0]
-    start = [10.0, 21.0] * 3  # barrier 0.55, 1.1 nats between the batches
+    start = [10.0, 21.0] * 3  # barrier 0.55, 1.1 nats between the clusters
     refined = {
-        "higher": [15.0, 26.0] * 3,  # 0.5 nats above the start on every batch
-        "lower": [7.0, 18.0] * 3,  # 0.3 nats below on every batch
-        "within_noise": [22.0, 10.0] * 3,  # 0.05 nats above on average, +-1.15 nats per batch
+        "higher": [15.0, 26.0] * 3,  # 0.5 nats above the start on every cluster
+        "lower": [7.0, 18.0] * 3,  # 0.3 nats below on every cluster
+        "within_noise": [22.0, 10.0] * 3,  # 0.05 nats above on average, +-1.15 nats per cluster
     }
     barrier_gaps = {}
     for pair, middle in refined.items():
@@ -430,15 +430,15 @@ def test_refinement_noise_tells_a_rise_or_a_fall_from_the_evaluation_noise(tmp_p
     assert higher["gap"] == pytest.approx(0.5, abs=1e-12) and higher["gap_std"] == pytest.approx(0.0, abs=1e-12)
     assert higher["raised"] and not higher["lowered"]
     assert lower["gap"] == pytest.approx(-0.3, abs=1e-12) and lower["lowered"] and not lower["raised"]
-    # A rise of 0.05 nats against 1.15 nats between the batches, 6 per draw: 1.15 / sqrt(6) = 0.47.
+    # A rise of 0.05 nats against 1.15 nats between the clusters, 6 per draw: 1.15 / sqrt(6) = 0.47.
     assert tied["gap"] == pytest.approx(0.05, abs=1e-12) and not tied["raised"] and not tied["lowered"]
     assert 0.35 < tied["gap_std"] < 0.6
     flat = noise["higher"]["accuracy_barrier"]  # both accuracy curves are flat: no gap, no noise
     assert flat == {"gap": 0.0, "gap_std": 0.0, "raised": False, "lowered": False}
 
-    # Without a curve's batches (a distributed evaluation), no noise is claimed; the summary counts the rest.
+    # Without a curve's clusters (a distributed evaluation), no noise is claimed; the summary counts the rest.
     _write_aligned_curve(tmp_path / "unrecorded" / "orthogonal" / "lmc_sweep_state_0.json", alphas, start)
-    _write_aligned_curve(tmp_path / "unrecorded" / "full" / "lmc_sweep_state_0.json", alphas, start, batches=False)
+    _write_aligned_curve(tmp_path / "unrecorded" / "full" / "lmc_sweep_state_0.json", alphas, start, clusters=False)
     assert lmc.experiments.table1.refinement_noise(tmp_path / "unrecorded", alphas) == {}
     folders = {pair: tmp_path / pair for pair in [*refined, "unrecorded"]}
     summary = lmc.experiments.table1.summarize_refinement(folders, alphas)

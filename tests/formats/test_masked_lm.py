@@ -130,6 +130,14 @@ def test_the_masked_lm_loss_is_hfs_own_labels_loss_for_the_same_masks(name, tmp_
     assert set(sums) == {"count", "loss", "accuracy"}  # no sentence pairs: the masked-LM head only
     assert float(sums["count"]) == 30  # 3 chosen tokens in each of the 10 texts
     assert float(sums["loss"] / sums["count"]) == pytest.approx(_hf_losses(folder, samples)["loss"], rel=1e-12)
+    # Per sequence: its chosen tokens' negative log-likelihoods, computed apart.
+    per_sequence = training_module.masked_lm_sums(output, samples, per_sample=True)
+    chosen = samples["labels"] != NOT_SCORED
+    logits = output["prediction_logits"] if "prediction_logits" in output else output["logits"]
+    log_likelihoods = logits.log_softmax(-1).gather(-1, samples["labels"].clamp(min=0)[..., None])[..., 0]
+    torch.testing.assert_close(per_sequence["count"], chosen.sum(1).double(), rtol=0, atol=0)
+    torch.testing.assert_close(per_sequence["loss"], -(log_likelihoods * chosen).sum(1), rtol=1e-12, atol=1e-12)
+    assert per_sequence["accuracy"].shape == (10,) and float(per_sequence["accuracy"].sum()) == float(sums["accuracy"])
 
 
 @pytest.mark.parametrize("name", BERT_MODELS)
@@ -172,9 +180,9 @@ def test_every_point_of_both_curves_sees_the_same_masks(tmp_path, monkeypatch):
     seen = []
     sums = training_module.masked_lm_sums
 
-    def recording(output, batch):
+    def recording(output, batch, per_sample=False):
         seen.append((batch["inputs"].clone(), batch["labels"].clone()))
-        return sums(output, batch)
+        return sums(output, batch, per_sample)
 
     monkeypatch.setattr(training_module, "masked_lm_sums", recording)
     a, b = (_bert_folder(tmp_path / f"m{s}", seed=s) for s in (0, 1))

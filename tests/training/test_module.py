@@ -152,6 +152,27 @@ def test_logged_epoch_metrics_are_the_exact_sample_weighted_means(name, tmp_path
         assert logged["val/bits_per_token"] == pytest.approx(expected["loss"] / 0.6931471805599453, rel=1e-6)
 
 
+@pytest.mark.parametrize("name", ["reference-vit-tiny", "gpt2-tiny"])
+def test_sample_sums_are_each_samples_own_sums_and_add_up_to_the_batchs(name):
+    data = BACKBONES[name](batch_size=5)
+    data.setup()
+    module = LMCModule(name, data=data.info).double().eval()
+    batch = next(iter(data.val_dataloader()))
+    batch = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+    with torch.no_grad():
+        per_sample, whole = module.sample_sums(batch), module.metric_sums(batch)
+        alone = [module.metric_sums({k: v[i : i + 1] for k, v in batch.items()}) for i in range(len(batch["labels"]))]
+    assert set(per_sample) == set(whole) == {"count", "loss", "accuracy"}
+    for metric, values in per_sample.items():
+        assert values.shape == (5,) and values.dtype == torch.float64 and whole[metric].ndim == 0
+        # each sample scored in a batch of its own: its entry (float64, so rounding only)
+        expected = torch.stack([sums[metric] for sums in alone])
+        torch.testing.assert_close(values, expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(whole[metric], expected.sum(), rtol=1e-12, atol=0)
+    tokens = batch["labels"][0].numel()
+    assert per_sample["count"].tolist() == [float(tokens)] * 5  # a sequence counts its tokens
+
+
 def test_training_does_not_depend_on_validation_settings(tmp_path):
     """The training order comes from the run's seed alone: validating (or not) changes nothing."""
     weights = []
