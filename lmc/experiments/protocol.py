@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from lmc.connectivity import CurveSplit, check_curve_split
+from lmc.connectivity.interpolation import evenly_spaced
 from lmc.experiments.jobs import Cluster
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
@@ -68,6 +69,10 @@ class Protocol:
         head_orders: Also align every pair with each order of the first attention layer's heads,
             each followed by the full Stage 2, to rank the order each alignment picks and report
             ``L_hat`` (the paper's Table 1; ``h!`` more sweeps per pair, at most 6 heads).
+        head_order_alphas: Points on each head order's curve (``None``: ``num_alphas``): evenly
+            spaced alphas that are among the curves' own (``num_alphas - 1`` a multiple of
+            ``head_order_alphas - 1``), so that ranks and ``L_hat`` compare every order, method and
+            naive curve on the same alphas (docs/experiments.md, "Table 1").
         robustness: Also measure the accuracy of both end points, the naive midpoint and each
             alignment's aligned midpoint on clean and corrupted data, three severities per
             corruption (paper Appendix L; :mod:`lmc.connectivity.robustness`): ``pairs/<i>_<j>/robustness.json``
@@ -87,6 +92,7 @@ class Protocol:
     eval_batch_size: int | None = None
     eval_samples: int | None = None
     head_orders: bool = False
+    head_order_alphas: int | None = None
     robustness: bool = False
     overwrite: bool = False
 
@@ -105,6 +111,18 @@ class Protocol:
             raise ValueError(f"protocol.eval_batch_size must be positive, got {self.eval_batch_size}")
         if self.eval_samples is not None and self.eval_samples < 1:
             raise ValueError(f"protocol.eval_samples must be positive, got {self.eval_samples}")
+        order_alphas = self.head_order_alphas
+        if order_alphas is not None and (order_alphas < 2 or (self.num_alphas - 1) % (order_alphas - 1)):
+            raise ValueError(
+                f"protocol.head_order_alphas={order_alphas} alphas are not among the curves' {self.num_alphas}: pick "
+                f"a count n whose n - 1 gaps divide num_alphas - 1 = {self.num_alphas - 1} (13 of 25: every other "
+                "alpha), or leave it unset"
+            )
+
+    @property
+    def order_alphas(self) -> list[float]:
+        """The alphas of each head order's curve (:attr:`head_order_alphas`), a subset of the curves'."""
+        return evenly_spaced(self.head_order_alphas or self.num_alphas)
 
     @property
     def alignment_options(self) -> list[AlignOptions]:

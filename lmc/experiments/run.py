@@ -318,8 +318,9 @@ class Experiment:
         if self.protocol.head_orders:
             orders = head_orders(model_spec(module.model).attention[0])
             picked = picked_orders(results)
-            results[HEAD_ORDERS] = sweep_head_orders(orders, results, alphas, pair / "orders", sweep)
-            results[HEAD_ORDER_NOISE] = head_order_noise(results[HEAD_ORDERS], picked, pair / "orders", alphas)
+            order_alphas = self.protocol.order_alphas
+            results[HEAD_ORDERS] = sweep_head_orders(orders, results, order_alphas, pair / "orders", sweep)
+            results[HEAD_ORDER_NOISE] = head_order_noise(results[HEAD_ORDERS], picked, pair / "orders", order_alphas)
         if self.protocol.robustness:
             results[ROBUSTNESS] = midpoint_robustness(
                 module.model,

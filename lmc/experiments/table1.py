@@ -66,7 +66,8 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
     ``L_hat`` for the loss and accuracy barriers, mean and spread over pairs (the paper's Table 1), and
     where measured (:func:`head_order_noise`) its gap to the best order, whether that gap exceeds the
     evaluation noise (``ties``: the pairs where it does not) and its rank within the noise."""
-    study: dict[str, Any] = {"orders": len(next(iter(pairs.values()))[HEAD_ORDERS]), "alignments": {}}
+    first = next(iter(pairs.values()))[HEAD_ORDERS]
+    study: dict[str, Any] = {"orders": len(first), "order_alphas": len(order_grid(first)), "alignments": {}}
     for label in labels:
         per_pair = {}
         for (i, j), pair in pairs.items():
@@ -74,15 +75,14 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
             chosen = picked_orders({label: result}).get(label)
             if chosen is None:  # naive: no head order
                 continue
-            alphas = len(result["settings"]["alphas"])
-            whole = sum(len(r["settings"]["alphas"]) == alphas for r in orders.values())
+            grid = order_grid(orders)
+            whole = sum(len(r["settings"]["alphas"]) == len(grid) for r in orders.values())
             entry = {"order": chosen, "whole_curves": whole}
             noise = pair.get(HEAD_ORDER_NOISE, {}).get(label, {})
+            method, naive = (barriers_at(result["curves"][curve], grid) for curve in ("aligned", "naive"))
             for name in ("loss_barrier", "accuracy_barrier"):
                 barriers = {order: r["curves"]["aligned"][name] for order, r in orders.items()}
-                rank, l_hat = rank_and_l_hat(
-                    barriers, chosen, result["curves"]["aligned"][name], result["curves"]["naive"][name]
-                )
+                rank, l_hat = rank_and_l_hat(barriers, chosen, method[name], naive[name])
                 entry[name] = {
                     "rank": rank,
                     "l_hat": l_hat,
@@ -109,6 +109,24 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
                 },
             }
     return study
+
+
+def order_grid(orders: dict[str, dict[str, Any]]) -> list[float]:
+    """The alphas of the whole head-order curves of a pair (:func:`sweep_head_orders`'s results)."""
+    return max((r["settings"]["alphas"] for r in orders.values()), key=len)
+
+
+def barriers_at(curve: dict[str, Any], alphas: list[float]) -> dict[str, float]:
+    """A swept curve's barriers on ``alphas`` only: the head-order grid, among the curve's own alphas
+    (the exact floats: ``k / 12`` is ``2k / 24``), so that a method and the orders it is ranked
+    among are compared on the same points."""
+    wanted = set(alphas)
+    points = [point for point in curve["points"] if point["alpha"] in wanted]
+    if len(points) != len(wanted):
+        raise ValueError(
+            f"the curve's alphas {[p['alpha'] for p in curve['points']]} do not hold the head orders' {alphas}"
+        )
+    return barriers(points)
 
 
 def head_orders(layer) -> list[tuple[int, ...]]:
@@ -150,22 +168,25 @@ def sweep_head_orders(
     does every other order whose screening bound (loss or accuracy) lies below the largest whole-curve
     barrier of the picked ones. An order left at its bound can neither be strictly better than a
     picked order nor be the best one, so ranks and ``L_hat`` are those of all whole curves.
+
+    ``alphas`` are a whole order curve's (``Protocol.order_alphas``): among the method curves' own,
+    so that :func:`summarize_head_orders` compares every barrier on them (:func:`barriers_at`).
     """
     labels = ["".join(map(str, order)) for order in orders]
     full = {label: AlignOptions(head_orders={0: [int(h) for h in label]}) for label in labels}
     if len(alphas) <= 3:  # nothing to screen out
-        return {label: sweep(full[label], folder / label, figures=False) for label in labels}
+        return {label: sweep(full[label], folder / label, alphas, figures=False) for label in labels}
     screening = [alphas[0], alphas[len(alphas) // 2], alphas[-1]]
     bounds = {label: sweep(full[label], folder / "screening" / label, screening, figures=False) for label in labels}
     picked = set(picked_orders(results).values())
-    swept = {label: sweep(full[label], folder / label, figures=False) for label in labels if label in picked}
+    swept = {label: sweep(full[label], folder / label, alphas, figures=False) for label in labels if label in picked}
     worst = {
         name: max((r["curves"]["aligned"][name] for r in swept.values()), default=math.inf)
         for name in ("loss_barrier", "accuracy_barrier")
     }
     for label in labels:
         if label not in swept and any(bounds[label]["curves"]["aligned"][n] < worst[n] for n in worst):
-            swept[label] = sweep(full[label], folder / label, figures=False)
+            swept[label] = sweep(full[label], folder / label, alphas, figures=False)
     return {label: swept.get(label, bounds[label]) for label in labels}
 
 
@@ -292,7 +313,9 @@ def summarize_refinement(pairs: dict[str, Path], alphas: list[float]) -> dict[st
 def head_order_table(study: dict[str, Any]) -> list[str]:
     """The lines of the head-order section of ``summary.md`` (:func:`summarize_head_orders`'s ``study``)."""
     lines = [
-        f"Head orders of the first attention layer: all {study['orders']}, each followed by the full Stage 2. "
+        f"Head orders of the first attention layer: all {study['orders']}, each followed by the full Stage 2, "
+        f"each order's curve on {study.get('order_alphas', 'all the')} alphas, and the ranks and L_hat compare "
+        "the methods' and the naive barriers on those alphas. "
         "Rank 1 is the order with the lowest barrier; L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100. "
         "Orders that cannot change a rank or L_top1 are swept at three alphas only (see lmc.experiments.table1). "
         f"Against the noise of the evaluation data ({RESAMPLES} bootstrap draws of the evaluated samples, in "
@@ -334,7 +357,9 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         "",
         "Rank of the head order Stage 1 picks among all orders of the first layer's heads that keep each "
         "query head with its key/value head (`orders`: 4! = 24 for 4 heads, 8 for 4 query heads on 2 key/value "
-        "heads), each followed by the full Stage 2; `L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100`, and the "
+        "heads), each followed by the full Stage 2, on "
+        + order_alphas_text(runs)
+        + "; `L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100`, and the "
         "aligned barrier as % of the naive one for each variant (loss barrier; accuracy in the "
         f"second table). Against the noise of the evaluation data (bootstrap draws of its samples, in clusters of "
         f"{CLUSTER_SAMPLES} consecutive ones): `within "
@@ -372,6 +397,15 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         + " |"
     )
     return lines + accuracy + ["", *refinement_lines(runs)]
+
+
+def order_alphas_text(runs: list[tuple[Any, dict[str, Any]]]) -> str:
+    """How many alphas the runs' head-order curves have (rank and ``L_hat`` compare barriers on them)."""
+    counts = sorted({str(summary["head_orders"].get("order_alphas", "?")) for _, summary in runs})
+    return (
+        f"{'/'.join(counts) or 'all'} alphas of the curves (the rank and `L_hat` compare the method's and the "
+        "naive barrier on the same alphas)"
+    )
 
 
 def refinement_lines(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:

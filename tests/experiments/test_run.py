@@ -311,6 +311,10 @@ def test_protocol_values_are_checked_while_parsing(tmp_path, capsys):
         assert message in capsys.readouterr().err
     with pytest.raises(ValueError, match="the same settings twice"):
         Protocol(alignments=[AlignOptions(), AlignOptions()])
+    with pytest.raises(ValueError, match="head_order_alphas=6 alphas are not among the curves. 25"):
+        Protocol(head_orders=True, head_order_alphas=6)
+    assert Protocol(head_order_alphas=13).order_alphas == evenly_spaced(25)[::2]  # the same floats
+    assert Protocol().order_alphas == evenly_spaced(25)
 
 
 def test_labels_name_what_differs_from_the_defaults():
@@ -466,6 +470,36 @@ def test_head_orders_rank_every_order_of_the_first_layer(tmp_path):
     assert entry["loss_barrier"]["top1"] == min(barriers.values())
     assert entry["loss_barrier"]["rank"] == 1 + sum(b < barriers[entry["order"]] for b in barriers.values())
     assert "| full |" in (tmp_path / "run" / "summary.md").read_text().split("Head orders")[1]
+
+
+def test_head_orders_on_every_other_alpha_rank_every_barrier_on_those_alphas(tmp_path):
+    config = _config(
+        tmp_path, seeds=2, num_alphas=5, head_orders=True, head_order_alphas=3, alignments=[{"method": "full"}]
+    )
+    main(["run", "--config", config])
+    (entry,) = json.loads((tmp_path / "run" / "summary.json").read_text())["head_orders"]["alignments"]["full"][
+        "per_pair"
+    ].values()
+    pair = tmp_path / "run" / "pairs" / "0_1"
+
+    def loss_gap(points):  # the loss barrier of points, by hand
+        (start, end) = points[0], points[-1]
+        return max(p["loss"] - ((1 - p["alpha"]) * start["loss"] + p["alpha"] * end["loss"]) for p in points)
+
+    orders = {}
+    for folder in (pair / "orders").iterdir():
+        (reference,) = json.loads((folder / "lmc_results.json").read_text())["references"].values()
+        assert [p["alpha"] for p in reference["curves"]["aligned"]["points"]] == [0.0, 0.5, 1.0]
+        orders[folder.name] = loss_gap(reference["curves"]["aligned"]["points"])
+    (method,) = json.loads((pair / "full" / "lmc_results.json").read_text())["references"].values()
+    assert len(method["curves"]["aligned"]["points"]) == 5
+    on_grid = {c: loss_gap(method["curves"][c]["points"][::2]) for c in ("aligned", "naive")}
+    top1 = min(orders.values())
+    assert entry["loss_barrier"]["top1"] == pytest.approx(top1, abs=1e-12)
+    assert entry["loss_barrier"]["rank"] == 1 + sum(b < orders[entry["order"]] for b in orders.values())
+    l_hat = 100 * (on_grid["aligned"] - top1) / (on_grid["naive"] - top1)
+    assert entry["loss_barrier"]["l_hat"] == pytest.approx(l_hat, rel=1e-12)
+    assert "each order's curve on 3 alphas" in (tmp_path / "run" / "summary.md").read_text()
 
 
 def test_screened_head_orders_give_the_ranks_and_l_hat_of_all_whole_curves(tmp_path):

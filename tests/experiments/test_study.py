@@ -407,7 +407,7 @@ def test_the_refinement_line_weighs_each_rise_against_the_evaluation_noise():
     summary["refinement"] = {"per_pair": measured | {"1_2": noise(-0.1, 0.02, False, True)}}
     beyond = (
         ", of which 1 beyond the evaluation noise (higher in at least 97.5% of 1000 bootstrap draws of the "
-        "evaluated batches: 0_1 +0.100 ± 0.020 nats), and lowered it beyond the noise in 1 of 3."
+        "evaluated samples: 0_1 +0.100 ± 0.020 nats), and lowered it beyond the noise in 1 of 3."
     )
     assert refinement_lines([(family, summary)]) == [before + "in 2 of 3 pairs (0_1, 0_2)" + beyond]
     summary["refinement"] = {"per_pair": measured}  # 1_2's batches were not recorded
@@ -419,7 +419,7 @@ def test_the_refinement_line_weighs_each_rise_against_the_evaluation_noise():
     summary["refinement"] = {"per_pair": {pair: noise(-0.1, 0.02, False, pair != "0_2") for pair in start["per_pair"]}}
     assert refinement_lines([(family, summary)]) == [
         before + "in 0 of 3 pairs, and lowered it beyond the evaluation noise (lower in at least 97.5% of 1000 "
-        "bootstrap draws of the evaluated batches) in 2 of 3."
+        "bootstrap draws of the evaluated samples) in 2 of 3."
     ]
 
 
