@@ -143,12 +143,16 @@ def certified_sparse_assignment(correlation: torch.Tensor) -> np.ndarray | None:
     at most :data:`SPARSE_PASSES` times.
 
     Args:
-        correlation: ``S`` ``(n, n)``, float64 on the CPU, finite; read only, a block of rows at a time
+        correlation: ``S`` ``(n, n)``, float64, contiguous, on the CPU; read only, a block of rows at a time
             (no temporary of its size).
 
     Returns:
         ``m`` ``(n,)``, row ``i``'s column, or ``None`` if no certificate was reached (prices that do not
-        settle within ``n`` relaxations, or :data:`SPARSE_PASSES` solves).
+        settle within ``n`` relaxations, :data:`SPARSE_PASSES` solves, or a graph of more than
+        :data:`MAX_EDGES_PER_ROW` edges a row).
+
+    Raises:
+        ValueError: ``S`` has an infinite or NaN entry.
     """
     size, flat = len(correlation), correlation.view(-1)
     step = -(-size // BLOCKS)  # rows of a block
