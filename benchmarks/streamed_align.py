@@ -207,23 +207,24 @@ def measure_full_floor(source: str, target: str) -> dict:
 
 def measure_streamed_full(source: str, target: str, output: str) -> dict:
     """``align_directories`` at ``full_model``, its time split: reads of the files (``SafetensorsCheckpoint.rows``),
-    assignments (scipy's ``linear_sum_assignment``, with each one's size and seconds), and the rest
-    (GEMMs of the correlations and Grams, Stage 2, transforms, writes); and its rounds."""
-    import lmc.matching.permutation as permutation
+    assignments (``lmc.matching.permutation.best_permutation`` of the weight-matching steps, with each
+    one's size and seconds), and the rest (GEMMs of the correlations and Grams, Stage 2, transforms,
+    writes); and its rounds."""
+    import lmc.matching.layers as layers
     from lmc.formats.safetensors import SafetensorsCheckpoint
     from lmc.formats.streamed import _StreamedDescent
 
     spent, assignments, rounds = {"read": 0.0, "assignment": 0.0}, [], [0]
     solve, rows, descent_round = (
-        permutation.linear_sum_assignment,
+        layers.best_permutation,
         SafetensorsCheckpoint.rows,
         _StreamedDescent.descent_round,
     )
 
-    def timed_solve(cost, maximize=False):
+    def timed_solve(correlation):
         begin = time.perf_counter()
-        found = solve(cost, maximize=maximize)
-        assignments.append((len(cost), time.perf_counter() - begin))
+        found = solve(correlation)
+        assignments.append((len(correlation), time.perf_counter() - begin))
         spent["assignment"] += assignments[-1][1]
         return found
 
@@ -237,7 +238,7 @@ def measure_streamed_full(source: str, target: str, output: str) -> dict:
         rounds[0] += 1
         return descent_round(self, *args)
 
-    permutation.linear_sum_assignment, SafetensorsCheckpoint.rows = timed_solve, timed_rows
+    layers.best_permutation, SafetensorsCheckpoint.rows = timed_solve, timed_rows  # correlated_units calls it
     _StreamedDescent.descent_round = counted
     row = measure_streamed(source, target, output, "full_model")
     sizes = sorted({size for size, _ in assignments})
@@ -410,7 +411,7 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
             "residual correlation). A round of the streamed descent reads each tensor of both models once (a",
             "block's FFN, head and residual steps share one read); the whole run also reads the anchors before",
             "the rounds, each layer for Stage 2 and both models to write, so the ratio is given per round. Split:",
-            "file reads, scipy's assignments, the rest (GEMMs, Stage 2, transforms, writes).",
+            "file reads, the assignments (`best_permutation`), the rest (GEMMs, Stage 2, transforms, writes).",
             "",
             "| shape | streamed | rounds | reads + assignments + rest | assignments (size: seconds) "
             "| floor of one round | x floor per round | peak RSS | x in-memory time | distance aligned / naive |",

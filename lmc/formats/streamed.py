@@ -37,7 +37,6 @@ import contextlib
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -69,9 +68,8 @@ from lmc.matching.checks import (
     check_same_tensors,
     check_unchanged,
 )
-from lmc.matching.layers import correlated_units
 from lmc.matching.options import checked_options
-from lmc.matching.permutation import axis_correlation, squared_distance
+from lmc.matching.permutation import squared_distance
 from lmc.symmetry import AttentionTransform, ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
 
 STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
@@ -329,7 +327,7 @@ class _StreamedDescent(WeightDescent):
         residual = None
         if spec.residual is not None:
             rest = tuple((name, axis) for name, axis in residual_axes if name not in held)
-            residual = axis_correlation(self.parameters, self.target, replace(spec.residual, axes=rest))
+            residual = self.correlation(spec.residual, rest)
         for index, names in blocks:
             if not names:
                 continue
@@ -340,12 +338,9 @@ class _StreamedDescent(WeightDescent):
                     changed |= self.permute_heads(index)
                 if residual is not None:
                     axes = tuple((name, axis) for name, axis in residual_axes if name in names)
-                    residual += axis_correlation(self.parameters, self.target, replace(spec.residual, axes=axes))
+                    residual += self.correlation(spec.residual, axes)
         if residual is not None:
-            perm = correlated_units(residual, spec.residual, self.dtype)
-            if not torch.equal(perm, torch.arange(spec.residual.size)):
-                self.apply(ModelTransform(residual=perm))
-                changed = True
+            changed |= self.permute_residual(residual)
         return changed
 
 

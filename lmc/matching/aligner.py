@@ -24,13 +24,13 @@ from lmc.matching.layers import (
     align_feed_forward_layer,
     attention_stage1,
     axes_distance,
+    correlated_units,
     layer_distance,
-    match_units,
     stacked_copies,
 )
 from lmc.matching.learned import LearnedAlignment, learn_attention
 from lmc.matching.midpoint import midpoint_cost
-from lmc.matching.permutation import best_permutation
+from lmc.matching.permutation import axis_correlation, best_permutation
 from lmc.matching.results import AlignmentError, AlignmentReport, LayerAlignment
 from lmc.matching.stage2 import attention_stages
 from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec
@@ -117,34 +117,41 @@ class WeightDescent:
         record.kv_assignment = torch.argsort(overall.kv_permutation).tolist()
         self.report.layers.append(record)
 
-    def best_permutation(self, permutation: AxisPermutation, axes) -> torch.Tensor | None:
-        """The weight-matching permutation of ``permutation``'s axis read through ``axes``; ``None`` if identity."""
-        perm = match_units(self.parameters, self.target, dataclasses.replace(permutation, axes=tuple(axes)))
+    def correlation(self, permutation: AxisPermutation, axes) -> torch.Tensor:
+        """Weight correlation ``(size, size)`` of ``permutation`'s units over ``axes`` (:func:`axis_correlation`)."""
+        return axis_correlation(self.parameters, self.target, dataclasses.replace(permutation, axes=tuple(axes)))
+
+    def best_permutation(self, permutation: AxisPermutation, correlation: torch.Tensor) -> torch.Tensor | None:
+        """The permutation of ``permutation``'s units maximizing their summed ``correlation`` ``(size, size)``
+        (:func:`~lmc.matching.layers.correlated_units`); ``None`` if it is the identity."""
+        perm = correlated_units(correlation, permutation, self.dtype)
         return None if torch.equal(perm, torch.arange(permutation.size)) else perm
 
     def permute_feed_forward(self, index: int) -> bool:
         hidden = self.spec.blocks[index].feed_forward.hidden
-        perm = self.best_permutation(hidden, hidden.axes)
+        perm = self.best_permutation(hidden, self.correlation(hidden, hidden.axes))
         if perm is not None:
             self.apply(ModelTransform(feed_forward={index: perm}))
         return perm is not None
 
     def permute_task_head(self, index: int) -> bool:
         hidden = self.spec.task_heads[index]
-        perm = self.best_permutation(hidden, hidden.axes)
+        perm = self.best_permutation(hidden, self.correlation(hidden, hidden.axes))
         if perm is not None:
             self.apply(ModelTransform(task_heads={index: perm}))
         return perm is not None
 
     def permute_tokens(self) -> bool:
         tokens = self.spec.tokens
-        perm = self.best_permutation(tokens, tokens.axes)
+        perm = self.best_permutation(tokens, self.correlation(tokens, tokens.axes))
         if perm is not None:
             self.apply(ModelTransform(tokens=perm))
         return perm is not None
 
-    def permute_residual(self, axes) -> bool:
-        perm = self.best_permutation(self.spec.residual, axes)
+    def permute_residual(self, correlation: torch.Tensor) -> bool:
+        """The residual step on its weight ``correlation`` ``(d, d)`` (over the axes the caller chose, summed as
+        it reads them: a streamed round adds it up block by block); whether the permutation changed."""
+        perm = self.best_permutation(self.spec.residual, correlation)
         if perm is not None:
             self.apply(ModelTransform(residual=perm))
         return perm is not None
@@ -164,7 +171,7 @@ class WeightDescent:
         for index in attention:
             changed |= self.permute_heads(index)
         if spec.residual is not None:
-            changed |= self.permute_residual(residual_axes)
+            changed |= self.permute_residual(self.correlation(spec.residual, residual_axes))
         return changed
 
     def record_tokens(self, seconds: float) -> None:
@@ -374,7 +381,7 @@ def coordinate_descent(
     start = time.perf_counter()
     anchors, through_hidden = residual_axes(spec) if spec.residual is not None else ([], [])
     if spec.residual is not None:
-        aligner.permute_residual(anchors)
+        aligner.permute_residual(aligner.correlation(spec.residual, anchors))
     for _ in range(aligner.options.max_iterations):
         if not aligner.descent_round(spec, attention, feed_forward, anchors + through_hidden):
             break

@@ -105,7 +105,8 @@ def test_the_matrix_is_restored_when_the_solve_fails():
 # through /proc/self/clear_refs before each step) with glibc handing every freed block of 64 KB or
 # more back at once. Size 2048: the matrix is 32 MB. Summing a whole float32 product into it added
 # 48 MB (the product and its float64 cast), scipy's maximize=True a 32 MB copy; blocks of
-# CHUNK_ENTRIES (2^18 here: 1 MB of float32) add a few MB.
+# CHUNK_ENTRIES (2^18 here: 1 MB of float32) add a few MB; the sparse assignment, blocks of 1/64 of the
+# matrix and a graph of n * (CANDIDATES + 1) edges.
 MEMORY_SCRIPT = textwrap.dedent(
     """
     import json, torch
@@ -121,10 +122,14 @@ MEMORY_SCRIPT = textwrap.dedent(
         return int(line.split()[1]) * 1024
 
     permutation.CHUNK_ENTRIES = 1 << 18
+    permutation.CANDIDATES = 8  # the sparse graph, some 8 arrays of n * CANDIDATES, scaled like the chunks
     generator, size = torch.Generator().manual_seed(0), 2048
     units = AxisPermutation("units", size, (("w", 0),))
     source, target = ({"w": torch.randn(size, 512, generator=generator).bfloat16()} for _ in range(2))
-    permutation.best_permutation(permutation.axis_correlation(source, target, units)[:64, :64].clone())  # warm-up
+    first = permutation.SPARSE_FROM
+    warm_up = permutation.axis_correlation(source, target, units)[:first, :first].clone()
+    permutation.best_permutation(warm_up)  # its first calls (the sparse path from SPARSE_FROM units)
+    del warm_up
     try:
         reset_peak()
     except OSError as error:
@@ -156,3 +161,78 @@ def test_neither_step_holds_a_temporary_the_size_of_the_matrix():
     matrix = measured["matrix"]
     assert matrix < measured["correlation"] < 1.25 * matrix, measured
     assert measured["assignment"] < matrix / 4, measured
+
+
+def scipy_permutation(correlation: torch.Tensor) -> torch.Tensor:
+    """scipy's maximizing assignment of ``correlation``, as :func:`best_permutation` writes it."""
+    rows, cols = linear_sum_assignment(correlation.numpy(), maximize=True)
+    perm = torch.empty(len(rows), dtype=torch.long)
+    perm[torch.as_tensor(cols)] = torch.as_tensor(rows)
+    return perm
+
+
+def objective(correlation: torch.Tensor, perm: torch.Tensor) -> float:
+    return float(correlation[perm, torch.arange(len(perm))].sum())
+
+
+def assignment_costs(kind: str, size: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    correlation = torch.randn(size, size, generator=generator, dtype=torch.float64)
+    if kind == "near_permutation":
+        correlation *= 0.1
+        correlation[torch.randperm(size, generator=generator), torch.arange(size)] += 1.0
+    if kind == "ties":  # multiples of 1/4: a row's largest entries tie, and every sum of them is exact
+        correlation = torch.round(correlation * 4) / 4
+    return correlation
+
+
+@pytest.mark.parametrize("kind", ["random", "near_permutation", "ties"])
+@pytest.mark.parametrize("candidates", [1, 32])
+def test_the_certified_sparse_assignment_reaches_scipys_optimum(monkeypatch, kind, candidates):
+    # One candidate a row makes a first graph whose optimum is not the matrix's: only the certificate's
+    # repairs reach scipy's optimum, so a certificate that passed a wrong matching would fail here.
+    monkeypatch.setattr(lmc.matching.permutation, "CANDIDATES", candidates)
+    monkeypatch.setattr(lmc.matching.permutation, "MAX_EDGES_PER_ROW", 10**6)
+    monkeypatch.setattr(lmc.matching.permutation, "SPARSE_PASSES", 100)  # one candidate a row takes many
+    correlation = assignment_costs(kind, 1024, seed=4)
+    before = correlation.clone()
+    found = lmc.matching.permutation.certified_sparse_assignment(correlation)
+    assert found is not None
+    assert torch.equal(correlation.view(torch.int64), before.view(torch.int64))
+    perm = torch.empty(len(found), dtype=torch.long)
+    perm[torch.as_tensor(found)] = torch.arange(len(found))
+    expected = scipy_permutation(correlation)
+    if kind == "ties":  # optimal assignments may differ; the objective is exact on this grid
+        assert objective(correlation, perm) == objective(correlation, expected)
+        assert torch.equal(perm.sort().values, torch.arange(len(perm)))
+    else:  # a unique optimum (continuous entries)
+        assert torch.equal(perm, expected)
+
+
+def test_the_sparse_graph_grows_only_from_broken_rows_and_needs_a_second_solve_on_a_random_cost(monkeypatch):
+    edges, solve = [], lmc.matching.permutation.min_weight_full_bipartite_matching
+
+    def counted(graph):
+        edges.append(graph.nnz)
+        return solve(graph)
+
+    monkeypatch.setattr(lmc.matching.permutation, "min_weight_full_bipartite_matching", counted)
+    correlation = assignment_costs("random", 1024, seed=5)
+    perm = best_permutation(correlation)
+    assert torch.equal(perm, scipy_permutation(correlation))
+    assert len(edges) >= 2 and edges[0] < edges[-1] < 2 * edges[0], edges
+
+
+def test_ties_over_every_row_are_solved_densely_at_scipys_optimum(monkeypatch):
+    correlation = torch.randint(0, 3, (1024, 1024), generator=torch.Generator().manual_seed(6)).double()
+    assert lmc.matching.permutation.certified_sparse_assignment(correlation) is None
+    perm = best_permutation(correlation)
+    assert objective(correlation, perm) == objective(correlation, scipy_permutation(correlation))
+
+
+def test_a_large_correlation_with_nan_is_refused_by_name():
+    size = lmc.matching.permutation.SPARSE_FROM
+    correlation = torch.zeros(size, size, dtype=torch.float64)
+    correlation[3, 4] = torch.nan
+    with pytest.raises(ValueError, match="infinite or NaN"):
+        best_permutation(correlation)
