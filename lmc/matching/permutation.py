@@ -129,18 +129,20 @@ def dense_assignment(correlation: torch.Tensor) -> torch.Tensor:
 def certified_sparse_assignment(correlation: torch.Tensor) -> np.ndarray | None:
     """The assignment maximizing ``sum_i S[i, m[i]]``, found on a sparse graph and proven on the whole matrix.
 
-    The graph holds each row's :data:`CANDIDATES` largest entries and the diagonal (a full matching, so the
-    sparse problem is always feasible; in a later round of the descent the source was already moved by the
-    previous round's permutations, so the diagonal is that round's assignment: a warm start). scipy's sparse
-    solver (``min_weight_full_bipartite_matching``, LAPJVsp) finds its optimum ``m``. Column prices ``p``
-    then make ``m`` the best choice of every row within the graph: shortest paths from the matched columns
-    (Bellman-Ford, ``p[j] <= p[m[i]] + S[i, m[i]] - S[i, j]`` on every edge). The certificate is LP duality
-    on the whole matrix: if ``S[i, j] + p[j] <= S[i, m[i]] + p[m[i]] + tol`` for every ``(i, j)``, then
-    ``u_i = S[i, m[i]] + p[m[i]] + tol``, ``v_j = -p[j]`` is a dual solution of value ``sum_i S[i, m[i]] +
-    n tol``, so no assignment beats ``m`` by more than ``n tol``. ``tol = 4 n eps max|S|`` covers the
-    rounding of the prices, sums of up to ``n`` terms, so the gap is the rounding of the objective itself
-    (``4 n eps`` of ``n max|S|``). Entries that break the certificate join the graph and the solve repeats,
-    at most :data:`SPARSE_PASSES` times.
+    Where every row's largest entry lies in a column of its own, those entries are the assignment: no
+    assignment sums more than the rows' maxima (a later round's cost, its units nearly aligned, often is
+    one). Otherwise the graph holds each row's :data:`CANDIDATES` largest entries and the diagonal (a full
+    matching, so the sparse problem is always feasible; in a later round of the descent the source was
+    already moved by the previous round's permutations, so the diagonal is that round's assignment: a warm
+    start). scipy's sparse solver (``min_weight_full_bipartite_matching``, LAPJVsp) finds its optimum ``m``.
+    Column prices ``p`` then make ``m`` the best choice of every row within the graph: shortest paths from
+    the matched columns (Bellman-Ford, ``p[j] <= p[m[i]] + S[i, m[i]] - S[i, j]`` on every edge). The
+    certificate is LP duality on the whole matrix: if ``S[i, j] + p[j] <= S[i, m[i]] + p[m[i]] + tol`` for
+    every ``(i, j)``, then ``u_i = S[i, m[i]] + p[m[i]] + tol``, ``v_j = -p[j]`` is a dual solution of value
+    ``sum_i S[i, m[i]] + n tol``, so no assignment beats ``m`` by more than ``n tol``. ``tol = 4 n eps
+    max|S|`` covers the rounding of the prices, sums of up to ``n`` terms, so the gap is the rounding of the
+    objective itself (``4 n eps`` of ``n max|S|``). Entries that break the certificate join the graph and
+    the solve repeats, at most :data:`SPARSE_PASSES` times.
 
     Args:
         correlation: ``S`` ``(n, n)``, float64, contiguous, on the CPU; read only, a block of rows at a time
@@ -157,15 +159,20 @@ def certified_sparse_assignment(correlation: torch.Tensor) -> np.ndarray | None:
     size, flat = len(correlation), correlation.view(-1)
     step = -(-size // BLOCKS)  # rows of a block
     rows, cols, top, bottom = [np.arange(size)], [np.arange(size)], -math.inf, math.inf
+    row_best = []
     for start in range(0, size, step):
         block = correlation[start : start + step]
         low, high = (float(bound) for bound in torch.aminmax(block))  # NaN where the block has one
         if not math.isfinite(high - low):
             raise ValueError("the correlation has an infinite or NaN entry: no assignment maximizes it")
         top, bottom = max(top, high), min(bottom, low)
+        row_best.append(block.argmax(dim=1).numpy())
         block_rows, block_cols = _row_leaders(block, -math.inf)
         rows.append(block_rows + start)
         cols.append(block_cols)
+    best = np.concatenate(row_best)
+    if len(np.unique(best)) == size:  # every row's largest entry in its own column: the rows' maxima bound
+        return best  # every assignment's sum, and this one reaches the bound (units already nearly aligned)
     tolerance = 4 * size * float(np.finfo(np.float64).eps) * max(top, -bottom, float(np.finfo(np.float64).tiny))
     keys = np.zeros(0, dtype=np.int64)
     for _ in range(SPARSE_PASSES):

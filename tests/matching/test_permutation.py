@@ -223,6 +223,21 @@ def test_the_sparse_graph_grows_only_from_broken_rows_and_needs_a_second_solve_o
     assert len(edges) >= 2 and edges[0] < edges[-1] < 2 * edges[0], edges
 
 
+def test_row_maxima_in_distinct_columns_are_the_assignment_without_a_solve(monkeypatch):
+    def refused(graph):
+        raise AssertionError("no solve is needed")
+
+    monkeypatch.setattr(lmc.matching.permutation, "min_weight_full_bipartite_matching", refused)
+    correlation = assignment_costs("near_permutation", 1024, seed=7)
+    assert len(correlation.argmax(dim=1).unique()) == 1024  # the planted entry leads every row
+    perm = best_permutation(correlation)
+    assert torch.equal(perm, scipy_permutation(correlation))
+    # One row's best moved onto another row's column: the maxima collide, and the solve runs.
+    correlation[0, correlation[1].argmax()] = 2.0
+    with pytest.raises(AssertionError, match="no solve is needed"):
+        best_permutation(correlation)
+
+
 def test_ties_over_every_row_are_solved_densely_at_scipys_optimum(monkeypatch):
     correlation = torch.randint(0, 3, (1024, 1024), generator=torch.Generator().manual_seed(6)).double()
     assert lmc.matching.permutation.certified_sparse_assignment(correlation) is None
