@@ -508,6 +508,9 @@ class Experiment:
             "split": protocol.split,
             "curve_samples": len(self.curve_data(datamodule)[0]),
             "split_samples": len(datamodule.split(protocol.split)),
+            # What each seed was fine-tuned on, for the sensitivity study's tables.
+            "finetune_samples": len(datamodule.split("train")),
+            "finetune_epochs": stages[0].config.trainer.max_epochs,
         }
         write_summary(self.root, summary)
         log_curves(self.root / "tensorboard" / "lmc", pairs, summary)

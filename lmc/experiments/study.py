@@ -25,6 +25,7 @@ import contextlib
 import copy
 import dataclasses
 import io
+import json
 import math
 import os
 import sys
@@ -39,7 +40,7 @@ from lmc.experiments.jobs import Cluster, run_jobs
 from lmc.experiments.jobs import Job as SubmittedJob
 from lmc.experiments.jobs import die_with_parent as die_with_parent  # its public name here before lmc.experiments.jobs
 from lmc.experiments.protocol import Protocol, Schedule, alignment_labels, experiment_cli
-from lmc.experiments.study_report import FIRST_LAYER_INPUTS, MACHINE, write_report
+from lmc.experiments.study_report import FIRST_LAYER_INPUTS, MACHINE, TIMES, write_report
 from lmc.io import atomic_write_json, folder_lock
 from lmc.matching import AlignOptions
 from lmc.symmetry import SCOPES, Scope, check_scope
@@ -101,7 +102,11 @@ class Study:
         methods_strategies: The strategies whose runs also sweep ``methods``.
         overlays: Configs added to every run after the family's own (e.g. the quick form's).
         output_dir: Root of the run folders.
-        report: The Markdown report; its figures go into a folder of the same name without ``.md``.
+        report: The Markdown report; its figures go into a folder of the same name without ``.md``,
+            with its Table 1 runs as data (``table1.json``, :mod:`lmc.experiments.sensitivity`).
+        sensitivity: Another study's ``table1.json`` (the sensitivity study's,
+            ``docs/sensitivity/table1.json``) whose points the report lays out by fine-tuning
+            samples and length (``None``: no such section).
         fit_trainer: Trainer settings of every fit over the configs' own: a Lightning DDP fit's
             when the cluster's fits span several processes
             (:meth:`~lmc.experiments.jobs.Cluster.fit_trainer`). :func:`run_study` sets them from
@@ -119,6 +124,7 @@ class Study:
     overlays: list[str] = field(default_factory=list)
     output_dir: str = "runs/repro"
     report: str = "docs/results.md"
+    sensitivity: str | None = None
     fit_trainer: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -577,7 +583,10 @@ def run_study(study: Study, jobs: int = 2, cluster: Cluster | None = None) -> di
             submitted += [*stages, _task_job(study, task, stages)]
         folder = Path(study.output_dir) / "jobs"
         times = run_jobs(submitted, cluster, folder, THREADS, default_max_jobs=jobs)
-        atomic_write_json(Path(study.output_dir) / "times.json", times)
+        # A rerun runs only what had not finished: the tasks it skips keep the times recorded earlier.
+        record = Path(study.output_dir) / TIMES
+        times = {**(json.loads(record.read_text()) if record.is_file() else {}), **times}
+        atomic_write_json(record, times)
     return times
 
 

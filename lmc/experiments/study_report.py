@@ -14,15 +14,18 @@ from typing import Any
 
 from lmc.configs import spelled
 from lmc.connectivity import NO_BARRIER
+from lmc.experiments.sensitivity import TABLE1_DATA, sensitivity_section, table1_data
 from lmc.experiments.spread import cell
 from lmc.experiments.summary import ROBUSTNESS, no_barrier_lines, robustness_table
 from lmc.experiments.table1 import appendix_k_section, table1_section
-from lmc.io import atomic_write, atomic_write_text, nan_for_null
+from lmc.io import atomic_write, atomic_write_json, atomic_write_text, nan_for_null
 
 #: Per family: ``lmc.experiments.study.first_layer_inputs`` of its first strategy's seed 0.
 FIRST_LAYER_INPUTS = "first_layer_inputs.json"
 #: The processor and library of the study's last run (``lmc.experiments.study.machine``).
 MACHINE = "machine.json"
+#: Each task's wall time in seconds (``lmc.experiments.study.run_study``).
+TIMES = "times.json"
 PAPER_STRATEGIES = {
     "first_attention": "LMC after alignment",
     "all_attention": "LMC after alignment",
@@ -313,10 +316,9 @@ def _figure(family, strategies: dict[str, dict[str, Any]], path: Path) -> None:
 
 def _machine(study) -> str:
     """Where the numbers were computed, and that another processor computes others."""
-    path = Path(study.output_dir) / MACHINE
-    if not path.is_file():
+    machine = _recorded(study, MACHINE)
+    if machine is None:
         return ""
-    machine = json.loads(path.read_text())
     return (
         f" Computed on {machine['processor']} ({machine['kernels']} kernels, torch {machine['torch']}): another "
         "processor picks other floating-point kernels and, from the same seeds, trains other models: its numbers "
@@ -364,6 +366,8 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
         "",
         *_strategies(study, summaries),
     ]
+    if study.sensitivity:
+        lines += ["", *sensitivity_section(study.sensitivity)]
     if study.methods and study.methods_strategies:
         methods, times = _methods(study, summaries)
         lines += ["", *methods]
@@ -376,5 +380,14 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
             path = figures / f"{family.name}.png"
             _figure(family, strategies, path)
             lines += [f"![{family.title}]({figures.name}/{path.name})", ""]
+    if table1_runs:
+        data = table1_data(table1_runs, sources, _recorded(study, MACHINE), _recorded(study, TIMES) or {})
+        atomic_write_json(figures / TABLE1_DATA, data)
     atomic_write_text(report, "\n".join(lines).rstrip() + "\n")
     return {"summaries": summaries}
+
+
+def _recorded(study, name: str) -> dict[str, Any] | None:
+    """A JSON record of the study's output folder (:data:`MACHINE`, :data:`TIMES`), if written."""
+    path = Path(study.output_dir) / name
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -448,6 +448,17 @@ def test_the_sensitivity_study_runs_in_its_tiny_form(tmp_path):
     assert "| Variant 1 (Stage 1 only) | Variant 2 (orthogonal start) | full |" in table1
     fewer = dataclasses.replace(study, families=families, **outputs).experiment(families[1], "first_attention")
     assert [len(instantiate_data(stage.config).split("train")) for stage in fewer.finetune_stages()] == [219, 219]
+    # The report's data file records what each point fine-tuned on; another study's report lays it out.
+    data = json.loads((tmp_path / "r" / "table1.json").read_text())
+    points = {p["name"]: (p["group"], p["finetune_samples"], p["finetune_epochs"]) for p in data["families"]}
+    assert points == {
+        "mnist_vit_ape": ("mnist_vit_ape", 1750, 1),
+        "mnist_vit_ape_samples_219": ("mnist_vit_ape", 219, 1),
+        "mnist_vit_ape_epochs_80": ("mnist_vit_ape", 1750, 1),  # the tiny form trains 1 epoch
+        "gpt2_ape": ("gpt2_ape", 3278, 1),
+        "gpt2_ape_samples_410": ("gpt2_ape", 410, 1),
+    }
+    assert data["tasks"] == len(json.loads((tmp_path / "runs" / "times.json").read_text()))
 
 
 @pytest.mark.slow
@@ -490,10 +501,14 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
     # Pre-trained once per family, then 2 seeds per strategy.
     assert len(checkpoints) == 2 * (1 + 2 * 2)
 
+    times = json.loads((tmp_path / "runs" / "times.json").read_text())
+    assert len(times) == 2 + 2 * 2  # every pre-training and run
+
     (tmp_path / "r.md").unlink()
     main(args)  # resumes: nothing is trained again, and the same runs give the same report
     assert [path.stat().st_mtime_ns for path in checkpoints] == stamps
     assert (tmp_path / "r.md").read_text() == report
+    assert json.loads((tmp_path / "runs" / "times.json").read_text()) == times  # the skipped tasks keep theirs
 
 
 def test_a_study_file_that_does_not_parse_is_one_line_naming_it(tmp_path, capsys):
