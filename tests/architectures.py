@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 from torch import nn
 
@@ -85,3 +87,35 @@ def build(key: str, seed: int = 0) -> nn.Module:
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).detach().norm() / a.detach().norm())
+
+
+# The module:class of each decoder's RMSNorm, for float64_norms.
+NORMS: dict[str, str] = {
+    "llama-gqa": "transformers.models.llama.modeling_llama:LlamaRMSNorm",
+    "mistral-swa": "transformers.models.mistral.modeling_mistral:MistralRMSNorm",
+    "qwen2-gqa": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
+    "qwen3-gqa": "transformers.models.qwen3.modeling_qwen3:Qwen3RMSNorm",  # q_norm and k_norm too
+    "olmo2-gqa": "transformers.models.olmo2.modeling_olmo2:Olmo2RMSNorm",  # full-width q_norm and k_norm too
+    "gemma-gqa": "transformers.models.gemma.modeling_gemma:GemmaRMSNorm",
+    "phi3-partial": "transformers.models.phi3.modeling_phi3:Phi3RMSNorm",
+    "gemma2-capped": "transformers.models.gemma2.modeling_gemma2:Gemma2RMSNorm",
+}
+
+
+def float64_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """HF's RMSNorm without its cast to float32: the same function, computed in the input's dtype."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def float64_gemma_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Gemma's RMSNorm (gain ``1 + w``) without its cast to float32."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return hidden_states * torch.rsqrt(variance + self.eps) * (1.0 + self.weight)
+
+
+def float64_norms(key: str, monkeypatch) -> None:
+    """The RMSNorms of architecture ``key`` computed in the input's dtype (float64) for this test."""
+    module, name = NORMS[key].split(":")
+    forward = float64_gemma_rms_norm if key.startswith("gemma") else float64_rms_norm
+    monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", forward)

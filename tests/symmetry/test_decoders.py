@@ -7,7 +7,6 @@ every entry of tests/architectures.DECODERS; these check what is specific to eac
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import pytest
 import torch
@@ -17,20 +16,18 @@ from lmc.adapters import UnsupportedModelError, adapter_for, apply_transform, de
 from lmc.adapters.decoders import DecoderAdapter, DecoderLayout
 from lmc.models import create_model, randomize_parameters_
 from lmc.symmetry import SCOPES, ModelTransform, general_linear, qk_group, sample_attention_transform
-from tests.architectures import ARCHITECTURES, DECODERS, build, relative_difference
+from tests.architectures import (
+    ARCHITECTURES,
+    DECODERS,
+    build,
+    float64_gemma_rms_norm,
+    float64_norms,
+    float64_rms_norm,
+    relative_difference,
+)
 from tests.symmetry.test_groups import commutant_dimension, rotations
 
 BROKEN = 1e-4
-NORMS = {
-    "llama-gqa": "transformers.models.llama.modeling_llama:LlamaRMSNorm",
-    "mistral-swa": "transformers.models.mistral.modeling_mistral:MistralRMSNorm",
-    "qwen2-gqa": "transformers.models.qwen2.modeling_qwen2:Qwen2RMSNorm",
-    "qwen3-gqa": "transformers.models.qwen3.modeling_qwen3:Qwen3RMSNorm",  # q_norm and k_norm too
-    "olmo2-gqa": "transformers.models.olmo2.modeling_olmo2:Olmo2RMSNorm",  # full-width q_norm and k_norm too
-    "gemma-gqa": "transformers.models.gemma.modeling_gemma:GemmaRMSNorm",
-    "phi3-partial": "transformers.models.phi3.modeling_phi3:Phi3RMSNorm",
-    "gemma2-capped": "transformers.models.gemma2.modeling_gemma2:Gemma2RMSNorm",
-}
 
 
 def outputs(model: nn.Module, length: int | None = None) -> torch.Tensor:
@@ -44,29 +41,10 @@ def outputs(model: nn.Module, length: int | None = None) -> torch.Tensor:
         return adapter.forward(model, inputs)
 
 
-def _float64_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """HF's RMSNorm without its cast to float32: the same function, computed in the input's dtype."""
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-
-def _float64_gemma_rms_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """Gemma's RMSNorm (gain ``1 + w``) without its cast to float32."""
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return hidden_states * torch.rsqrt(variance + self.eps) * (1.0 + self.weight)
-
-
-def _float64_norms(key: str, monkeypatch) -> None:
-    """The RMSNorms of architecture ``key`` computed in the input's dtype (float64) for this test."""
-    module, name = NORMS[key].split(":")
-    forward = _float64_gemma_rms_norm if key.startswith("gemma") else _float64_rms_norm
-    monkeypatch.setattr(getattr(importlib.import_module(module), name), "forward", forward)
-
-
 @pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("key", DECODERS)
 def test_random_symmetry_is_exact_when_the_norms_compute_in_float64(key, scope, monkeypatch):
-    _float64_norms(key, monkeypatch)
+    float64_norms(key, monkeypatch)
     model = build(key)
     transformed = random_symmetry(model, scope=scope, seed=1)
     assert relative_difference(outputs(model), outputs(transformed)) < 1e-12
@@ -90,7 +68,7 @@ def test_qwen2_with_windows_on_some_layers_keeps_the_group(monkeypatch):
     """Qwen2's use_sliding_window masks the layers from max_window_layers on: positions again, not coordinates."""
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-    monkeypatch.setattr(Qwen2RMSNorm, "forward", _float64_rms_norm)
+    monkeypatch.setattr(Qwen2RMSNorm, "forward", float64_rms_norm)
     windowed = dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)
     model = randomize_parameters_(create_model("qwen2-tiny", dtype=torch.float64, **windowed), seed=0)
     assert model.config.layer_types == ["full_attention", "sliding_attention"]
@@ -162,7 +140,7 @@ def test_gemma2_caps_and_windows_its_scores_and_keeps_llamas_group(monkeypatch):
     """Soft-capping maps each score (and logit) injectively: the group is G_RoPE (spec.md, "Other variants")."""
     from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 
-    monkeypatch.setattr(Gemma2RMSNorm, "forward", _float64_gemma_rms_norm)
+    monkeypatch.setattr(Gemma2RMSNorm, "forward", float64_gemma_rms_norm)
     model = build("gemma2-capped")
     assert model.config.layer_types == ["sliding_attention", "full_attention"]
     assert [(layer["qk_group"], layer["qk_group_dim"]) for layer in describe(model)] == [("H", 8), ("H", 8)]
@@ -189,7 +167,7 @@ def test_phi3_reads_its_fused_rows_as_blocks_and_moves_both_copies_of_each_unit(
     from lmc.symmetry import HeadSlot, read_attention, transform_attention, write_attention
     from lmc.symmetry.transforms import permute_axes
 
-    monkeypatch.setattr(Phi3RMSNorm, "forward", _float64_rms_norm)
+    monkeypatch.setattr(Phi3RMSNorm, "forward", float64_rms_norm)
     model = build("phi3-partial")
     layer = model_spec(model).blocks[0].attention
     qkv = model.model.layers[0].self_attn.qkv_proj.weight
@@ -219,7 +197,7 @@ def test_phi3_reads_its_fused_rows_as_blocks_and_moves_both_copies_of_each_unit(
 @pytest.mark.parametrize("key", ["llama-gqa", "gemma-gqa"])  # SwiGLU, GeGLU
 def test_a_gated_unit_scales_on_up_and_down_exactly_but_not_on_its_gate(key, monkeypatch):
     """An exact symmetry lmc leaves out of its group (docs/spec.md, section 2): up by a, down by 1/a, per unit."""
-    _float64_norms(key, monkeypatch)
+    float64_norms(key, monkeypatch)
     model = build(key)
     reference = outputs(model)
     scales = torch.linspace(-2.0, 3.0, 64, dtype=torch.float64)  # non-zero, signs included
@@ -238,7 +216,7 @@ def test_a_pre_norm_gain_folds_into_its_linear_readers_exactly(monkeypatch):
     """Also left out of lmc's group (docs/spec.md, section 2): g / c on the norm, c on every reader's input columns."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    monkeypatch.setattr(LlamaRMSNorm, "forward", _float64_rms_norm)
+    monkeypatch.setattr(LlamaRMSNorm, "forward", float64_rms_norm)
     model = build("llama-gqa")
     c = torch.linspace(0.5, 2.0, 32, dtype=torch.float64)
     for readers, exact in ((("q_proj", "k_proj", "v_proj"), True), (("q_proj", "k_proj"), False)):
@@ -265,7 +243,7 @@ def test_the_group_has_the_dimension_of_the_models_own_symmetries(key, monkeypat
     """
     from tests.symmetry.test_gpt_neox import _null_dimension, _qk_tangent, _vo_tangent
 
-    _float64_norms(key, monkeypatch)
+    float64_norms(key, monkeypatch)
     zoo_name, overrides = ARCHITECTURES[key]
     model = randomize_parameters_(create_model(zoo_name, dtype=torch.float64, **overrides, num_key_value_heads=4))
     layer = model_spec(model).blocks[0].attention
