@@ -21,8 +21,9 @@ from lmc.checkpoints import CheckpointError
 #: The floating-point dtypes of safetensors headers, by name.
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
-#: Largest piece of a tensor held at once while it is copied, compared or merged (bytes).
-CHUNK_BYTES = 1 << 26
+#: Largest piece of a tensor held at once while it is copied, compared or merged (bytes): the write pass
+#: holds some four pieces at once (the source's, its moved copy and the copy's temporary, the target's).
+CHUNK_BYTES = 1 << 24
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ checks (:mod:`lmc.matching.checks`) and merge (:func:`~lmc.connectivity.interpol
 the layout comes from the model's adapter, the model built with its parameters on the ``meta``
 device (:func:`skeleton`).
 
-Peak memory stays near one layer pair plus one chunk of a tensor being copied, and each output
+Peak memory stays near one layer pair plus one chunk of a tensor being copied (at ``full_model``, plus
+the largest FFN's float64 correlation): a tensor whose rows no symmetry moves, such as an embedding
+or an LM head, is read, moved, correlated and measured a block of rows at a time
+(:func:`~lmc.matching.permutation.row_blocks`), never whole. Each output
 shard is written through a stream (its header is the source shard's: aligning changes no name,
 shape or dtype). The output folder is written under a temporary name and renamed into place when
 complete (:func:`~lmc.io.atomic_output_folder`): never half-written, never over an input.
@@ -69,8 +72,16 @@ from lmc.matching.checks import (
     check_unchanged,
 )
 from lmc.matching.options import checked_options
-from lmc.matching.permutation import squared_distance
-from lmc.symmetry import AttentionTransform, ModelTransform, Scope, SymmetrySpec, check_scope, scope_blocks
+from lmc.matching.permutation import block_rows, blocks_of, squared_distance
+from lmc.symmetry import (
+    AttentionTransform,
+    AxisPermutation,
+    ModelTransform,
+    Scope,
+    SymmetrySpec,
+    check_scope,
+    scope_blocks,
+)
 
 STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
 """The scopes :func:`align_directories` streams."""
@@ -196,6 +207,24 @@ def _check_inputs(source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, 
     return dtype
 
 
+def _permutations(spec: SymmetrySpec, transform: ModelTransform | None = None) -> list[AxisPermutation]:
+    """The axis permutations of ``spec`` (FFN units, task heads, the residual stream, the tokens), or of those
+    ``transform`` moves."""
+    if transform is None:
+        hidden = [block.feed_forward.hidden for block in spec.blocks if block.feed_forward]
+        return hidden + list(spec.task_heads) + [p for p in (spec.residual, spec.tokens) if p is not None]
+    permutations = [spec.blocks[i].feed_forward.hidden for i in transform.feed_forward]
+    permutations += [spec.task_heads[i] for i in transform.task_heads]
+    permutations += [spec.residual] if transform.residual is not None else []
+    permutations += [spec.tokens] if transform.tokens is not None else []
+    return permutations
+
+
+def _rows_moved(permutations: Iterable[AxisPermutation]) -> set[str]:
+    """The tensors whose rows (axis 0) one of ``permutations`` moves: a block of their rows is not moved alone."""
+    return {name for permutation in permutations for name, axis in permutation.axes if axis == 0}
+
+
 class _Checked(Mapping[str, torch.Tensor]):
     """A checkpoint's tensors on ``device``, each refused by name if it holds NaN or Inf; the last one read is kept."""
 
@@ -208,6 +237,22 @@ class _Checked(Mapping[str, torch.Tensor]):
         tensor = self.tensors[name].to(self.device)
         check_finite(self.role, name, tensor)
         return tensor
+
+    def row_blocks(self, name: str) -> Iterator[torch.Tensor]:
+        """Tensor ``name`` a block of :func:`~lmc.matching.permutation.block_rows` rows at a time, each read
+        anew and checked (:func:`~lmc.matching.permutation.row_blocks`), or the held tensor's."""
+        if name in self.held:
+            yield from blocks_of(self.held[name])
+            return
+        shape = self.tensors.entries[name].shape
+        if not shape:
+            yield self.read(name)
+            return
+        step = block_rows(shape)
+        for start in range(0, shape[0], step):
+            block = self.tensors.rows(name, start, start + step).to(self.device)
+            check_finite(self.role, name, block)
+            yield block
 
     def forget(self) -> None:
         self.kept = ("", None)
@@ -236,6 +281,8 @@ class _Transformed(Mapping[str, torch.Tensor]):
     def __init__(self, source: _Checked, spec: SymmetrySpec, report: AlignmentReport):
         self.source, self.spec, self.report = source, spec, report
         self.layer_of = {name: i for i, block in enumerate(spec.blocks) for name in block.attention.parameters}
+        # Tensors whose rows a symmetry may move are transformed whole; the rest a block of rows at a time.
+        self.whole = set(self.layer_of) | _rows_moved(_permutations(spec))
         self.kept: dict[str, torch.Tensor] = {}
         self.held: dict[str, torch.Tensor] = {}  # a block's tensors while a descent round works on it
 
@@ -257,6 +304,16 @@ class _Transformed(Mapping[str, torch.Tensor]):
         copies = {name: tensor.clone() for name, tensor in tensors.items()}
         self.report.transform.apply_(copies, self.spec, partial=True)
         return copies
+
+    def row_blocks(self, name: str) -> Iterator[torch.Tensor]:
+        """Tensor ``name`` under the transform a block of rows at a time (as :meth:`_Checked.row_blocks`): each
+        block read and moved alone where no symmetry moves the tensor's rows, else blocks of it whole."""
+        if name in self.held or name in self.whole:
+            yield from blocks_of(self[name])
+            return
+        for block in self.source.row_blocks(name):
+            self.report.transform.apply_({name: block}, self.spec, partial=True)  # in place, on a block of its own
+            yield block
 
     def forget(self) -> None:
         self.kept = {}
@@ -365,15 +422,12 @@ class _AlignedTensors:
     def __init__(self, aligned: _Transformed, report: AlignmentReport, dtype: torch.dtype):
         self.aligned, self.report, self.dtype = aligned, report, dtype
         spec, transform = aligned.spec, report.transform
-        permutations = [spec.blocks[i].feed_forward.hidden for i in transform.feed_forward]
-        permutations += [spec.task_heads[i] for i in transform.task_heads]
-        permutations += [spec.residual] if transform.residual is not None else []
-        permutations += [spec.tokens] if transform.tokens is not None else []
+        permutations = _permutations(spec, transform)
         self.moved = {name for permutation in permutations for name, _ in permutation.axes}
         attention = {name for i in transform.attention for name in spec.blocks[i].attention.parameters}
         self.moved |= attention
         # Tensors whose rows stay in place are moved a chunk of rows at a time (an embedding, an LM head).
-        self.whole = attention | {name for p in permutations for name, axis in p.axes if axis == 0}
+        self.whole = attention | _rows_moved(permutations)
         self.ready: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]] = {}
 
     def take(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:

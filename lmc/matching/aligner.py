@@ -17,7 +17,7 @@ from torch import nn
 
 from lmc.adapters import adapter_for, scope_parameters
 from lmc.matching.calibration import Calibration, PairedMoment, paired_correlations, paired_moments
-from lmc.matching.checks import require_finite
+from lmc.matching.checks import all_finite, require_finite
 from lmc.matching.grams import LayerGrams
 from lmc.matching.layers import (
     align_attention_layer,
@@ -346,9 +346,7 @@ class Aligner(WeightDescent):
         perms = {}
         for key, permutation in permutations.items():
             correlation = sum(stacked_copies(correlations[signal], permutation.size) for signal in signals[key])
-            self.require_finite(
-                bool(torch.isfinite(correlation).all()), f"{permutation.name}: the activation correlation"
-            )
+            self.require_finite(all_finite(correlation), f"{permutation.name}: the activation correlation")
             perms[key] = best_permutation(correlation)
         self.apply(
             ModelTransform(

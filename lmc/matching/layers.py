@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 import torch
 
 from lmc.matching.calibration import PairedMoment
-from lmc.matching.checks import require_finite
+from lmc.matching.checks import all_finite, require_finite
 from lmc.matching.grams import LayerGrams
 from lmc.matching.heads import assign_heads, head_cost
 from lmc.matching.options import AlignOptions
-from lmc.matching.permutation import axis_correlation, best_permutation, squared_distance
+from lmc.matching.permutation import axis_correlation, best_permutation, row_blocks, squared_distance
 from lmc.matching.results import AlignmentError, LayerAlignment
 from lmc.matching.stage2 import attention_stages, stage_distances
 from lmc.symmetry import AttentionSpec, AttentionTransform, AxisPermutation, ModelTransform, SymmetrySpec, head_rows
@@ -42,9 +42,11 @@ def layer_distance(source: dict, target: dict, layer) -> float:
 
 
 def axes_distance(source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], axes) -> float:
-    """The distance over the parameters named in ``axes``, each read once."""
+    """The distance over the parameters named in ``axes``, each read once, a block of rows at a time
+    (:func:`~lmc.matching.permutation.row_blocks`)."""
     names = dict.fromkeys(name for name, _ in axes)
-    return sum(squared_distance(source[n], target[n]) for n in names) ** 0.5
+    blocks = ((a, b) for n in names for a, b in zip(row_blocks(source, n), row_blocks(target, n)))
+    return sum(squared_distance(a, b) for a, b in blocks) ** 0.5
 
 
 def attention_stage1(
@@ -176,8 +178,9 @@ def match_units(
 
 def correlated_units(correlation: torch.Tensor, permutation: AxisPermutation, dtype: torch.dtype) -> torch.Tensor:
     """The permutation of ``permutation``'s units maximizing their summed weight ``correlation`` ``(size, size)``
-    (as :func:`match_units`), refused if the correlation overflowed for weights in ``dtype``."""
-    require_finite(bool(torch.isfinite(correlation).all()), f"{permutation.name}: the weight correlation", dtype)
+    (as :func:`match_units`), refused if the correlation overflowed for weights in ``dtype`` (checked by
+    :func:`~lmc.matching.checks.all_finite`: ``isfinite`` would make a float64 copy of the matrix)."""
+    require_finite(all_finite(correlation), f"{permutation.name}: the weight correlation", dtype)
     return best_permutation(correlation)
 
 

@@ -8,7 +8,7 @@ maximizes ``sum_(W, axis) <P W, W'>`` is a linear assignment on the correlation 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -18,9 +18,10 @@ from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
 from lmc.symmetry import AxisPermutation, compute_dtype
 
-#: Entries of a tensor converted to a wider dtype at once (64 MB of float32): an 8B model's
-#: embedding is never copied whole in float32 or float64.
-CHUNK_ENTRIES = 1 << 24
+#: Entries of a tensor converted to a wider dtype at once (16 MB of float32), and of a block of rows read
+#: at once (:func:`row_blocks`): an 8B model's embedding is never copied whole, and the temporaries beside
+#: an FFN's float64 correlation stay a few tens of MB.
+CHUNK_ENTRIES = 1 << 22
 
 
 def squared_distance(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -30,6 +31,33 @@ def squared_distance(a: torch.Tensor, b: torch.Tensor) -> float:
     return sum(float((x - y).double().pow(2).sum()) for x, y in zip(a.split(CHUNK_ENTRIES), b.split(CHUNK_ENTRIES)))
 
 
+def block_rows(shape: tuple[int, ...] | torch.Size) -> int:
+    """Rows (entries of axis 0) of a block of :func:`row_blocks` for a tensor of ``shape``: at most
+    :data:`CHUNK_ENTRIES` entries, one row at least."""
+    row_entries = math.prod(shape[1:])
+    return max(1, CHUNK_ENTRIES // max(1, row_entries))
+
+
+def row_blocks(tensors: Mapping[str, torch.Tensor], name: str) -> Iterator[torch.Tensor]:
+    """Tensor ``name`` of ``tensors`` in blocks of :func:`block_rows` rows, in order (a scalar whole).
+
+    A mapping that reads its tensors from disk may define ``row_blocks(name)`` serving the same
+    blocks, each read alone (:mod:`lmc.formats.streamed`): then no tensor whose rows no symmetry
+    moves, such as an embedding or an LM head, is ever held whole. Otherwise the blocks are views.
+    """
+    read = getattr(tensors, "row_blocks", None)
+    if read is not None:
+        yield from read(name)
+        return
+    yield from blocks_of(tensors[name].detach())
+
+
+def blocks_of(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Views of ``tensor`` in blocks of :func:`block_rows` rows (a scalar whole): :func:`row_blocks` of a tensor
+    in memory."""
+    return tensor.split(block_rows(tensor.shape)) if tensor.dim() else (tensor,)
+
+
 def axis_correlation(
     source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], permutation: AxisPermutation
 ) -> torch.Tensor:
@@ -37,26 +65,31 @@ def axis_correlation(
 
     Over the permutation's axes and units only (:meth:`~lmc.symmetry.AxisPermutation.span`): an axis
     ``k * size`` long holds ``k`` stacked copies, whose correlations add up, and the entries outside a
-    sub-range are left out. Each product runs in :func:`~lmc.symmetry.compute_dtype` of the parameter's
-    dtype, over at most :data:`CHUNK_ENTRIES` entries of each at a time, and each product is added into the
-    float64 matrix a block of rows at a time, so that no temporary of the matrix's size is made beside it
-    (the float64 matrix of an 8B model's 14,336 FFN units is 1.6 GB).
+    sub-range are left out. A tensor permuted along another axis than its first is read a block of rows
+    at a time (:func:`row_blocks`). Each product runs in :func:`~lmc.symmetry.compute_dtype` of the
+    parameter's dtype, over at most :data:`CHUNK_ENTRIES` entries of each at a time, and each product is
+    added into the float64 matrix a block of rows at a time, so that no temporary of the matrix's size is
+    made beside it (the float64 matrix of an 8B model's 14,336 FFN units is 1.6 GB).
     """
     size = permutation.size
     correlation = torch.zeros(size, size, dtype=torch.float64)
+    step = max(1, CHUNK_ENTRIES // size)  # columns of a piece, and rows of a block of the product
     for name, axis in permutation.axes:
-        units = slice(*permutation.span((name, axis), source[name].shape[axis]))
-        a = source[name].detach().movedim(axis, 0)[units]
-        b = target[name].detach().movedim(axis, 0)[units]
-        copies = a.shape[0] // size
-        a = a.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
-        b = b.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
-        dtype = compute_dtype(a.dtype)
-        step = max(1, CHUNK_ENTRIES // size)  # columns of a piece, and rows of a block of the product
-        for start in range(0, a.shape[1], step):
-            piece_a, piece_b = a[:, start : start + step].to(dtype), b[:, start : start + step].to(dtype)
-            for row in range(0, size, step):
-                correlation[row : row + step] += (piece_a[row : row + step] @ piece_b.T).cpu()
+        if axis == 0:
+            pairs = ((source[name].detach(), target[name].detach()),)
+        else:
+            pairs = zip(row_blocks(source, name), row_blocks(target, name))
+        for source_block, target_block in pairs:
+            units = slice(*permutation.span((name, axis), source_block.shape[axis]))
+            a, b = (block.movedim(axis, 0)[units] for block in (source_block, target_block))
+            copies = a.shape[0] // size
+            a = a.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
+            b = b.reshape(copies, size, -1).transpose(0, 1).reshape(size, -1)
+            dtype = compute_dtype(a.dtype)
+            for start in range(0, a.shape[1], step):
+                piece_a, piece_b = a[:, start : start + step].to(dtype), b[:, start : start + step].to(dtype)
+                for row in range(0, size, step):
+                    correlation[row : row + step] += (piece_a[row : row + step] @ piece_b.T).cpu()
     return correlation
 
 

@@ -285,9 +285,9 @@ def test_non_finite_weights_are_refused(tmp_path, llama_pair):
 # The memory bound: a bf16 Llama of ~57 M parameters (113 MB, 16 layers of width 512) is aligned in a
 # fresh interpreter, after a warm-up on a one-layer pair that loads every library the alignment
 # touches. At all_attention the growth of the peak RSS must stay under a quarter of ONE model, where
-# loading both models whole would add twice a model. Chunks are shrunk to 1 MB (and the float32 and
-# float64 pieces of correlations and distances to 2^18 entries) so that the embeddings and FFN
-# matrices are copied in pieces, as an 8B model's are.
+# loading both models whole would add twice a model. Unless the third argument is "default-chunks",
+# chunks are shrunk to 1 MB (and the float32 and float64 pieces of correlations and distances to 2^18
+# entries) so that the embeddings and FFN matrices are copied in pieces, as an 8B model's are.
 MEMORY_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -299,8 +299,9 @@ MEMORY_SCRIPT = textwrap.dedent(
         line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
         return int(line.split()[1]) * 1024
 
-    lmc.formats.safetensors.CHUNK_BYTES = 1 << 20
-    lmc.matching.permutation.CHUNK_ENTRIES = 1 << 18
+    if sys.argv[3] != "default-chunks":
+        lmc.formats.safetensors.CHUNK_BYTES = 1 << 20
+        lmc.matching.permutation.CHUNK_ENTRIES = 1 << 18
     root, scope, options = sys.argv[1], sys.argv[2], AlignOptions(method="orthogonal")
     align_directories(f"{root}/warm-source", f"{root}/warm-target", f"{root}/warm-out", scope, options)
     before = peak()
@@ -312,17 +313,22 @@ MEMORY_SCRIPT = textwrap.dedent(
 
 
 def write_random_llama_pair(
-    root: Path, name: str, layers: int, differ: str = "self_attn", vocab_size: int = 8192
+    root: Path,
+    name: str,
+    layers: int,
+    differ: str = "self_attn",
+    vocab_size: int = 8192,
+    intermediate_size: int = 1536,
 ) -> int:
-    """``root/<name>-source`` and ``-target``: bf16 Llamas differing in the tensors whose names hold
-    ``differ`` (``""``: independent models); returns one's bytes."""
+    """``root/<name>-source`` and ``-target``: bf16 Llamas of width 512 differing in the tensors whose names
+    hold ``differ`` (``""``: independent models); returns one's bytes."""
     from safetensors.torch import save_file
     from transformers import LlamaConfig
 
     config = LlamaConfig(
         hidden_size=512, num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
-        intermediate_size=1536, vocab_size=vocab_size, max_position_embeddings=64, tie_word_embeddings=False,
-        bos_token_id=0, eos_token_id=0, architectures=["LlamaForCausalLM"],
+        intermediate_size=intermediate_size, vocab_size=vocab_size, max_position_embeddings=64,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, architectures=["LlamaForCausalLM"],
     )  # fmt: skip
     generator = torch.Generator().manual_seed(layers)
     folders = [root / f"{name}-source", root / f"{name}-target"]
@@ -340,13 +346,13 @@ def write_random_llama_pair(
     return sum(v.numel() * v.element_size() for v in state.values())
 
 
-def peak_growth(root: Path, scope: str) -> dict:
+def peak_growth(root: Path, scope: str, chunks: str = "small-chunks") -> dict:
     # A fixed mmap threshold makes glibc hand every freed block of 64 KB or more back at once, so the
     # peak measures what the alignment holds rather than the allocator's slack (measured: 4 to 80 MB
     # without it, run to run, on the same full_model pair; 14 MB with it, three runs alike).
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "65536"}
     run = subprocess.run(
-        [sys.executable, "-c", MEMORY_SCRIPT, str(root), scope],
+        [sys.executable, "-c", MEMORY_SCRIPT, str(root), scope, chunks],
         capture_output=True,
         text=True,
         env=environment,
@@ -381,6 +387,21 @@ def test_a_whole_model_pair_is_aligned_under_a_bound_that_two_loaded_models_exce
     assert 0 < measured["growth"] < model_bytes / 4, measured
     with safe_open(str(tmp_path / "big-out" / "aligned" / "model.safetensors"), framework="pt") as handle:
         assert len(list(handle.keys())) == 16 * 9 + 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak RSS from /proc (Linux)")
+def test_a_whole_model_pair_with_a_large_vocabulary_reads_its_embeddings_in_blocks_of_rows(tmp_path):
+    # At the library's own chunk sizes, one layer and a 131,072-token vocabulary: the embedding and the
+    # LM head are 97% of the model (268 MB of 276 MB bf16). Beyond the warm-up pair's peak (the FFN's
+    # float64 correlation, 2048 units: 34 MB, is in both) full_model adds a few blocks of rows of the
+    # embeddings and pieces of the write pass: measured 33 MB. Reading the embeddings whole for the
+    # residual correlation and distances, and pieces of 64 MB in the write pass, added 570 MB (2.1 models).
+    write_random_llama_pair(tmp_path, "warm", 1, differ="", vocab_size=256, intermediate_size=2048)
+    model_bytes = write_random_llama_pair(tmp_path, "big", 1, differ="", vocab_size=1 << 17, intermediate_size=2048)
+    measured = peak_growth(tmp_path, "full_model", "default-chunks")
+    assert measured["layers"] == 2 + 1  # the FFN, the residual stream, the attention layer
+    assert 0 < measured["growth"] < model_bytes / 4, measured
 
 
 # A streamed alignment killed (SIGKILL, no cleanup runs) once it has written part of the output.
