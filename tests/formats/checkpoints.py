@@ -79,16 +79,6 @@ def fine_tuned_pair(
     return source, target
 
 
-def float64_norms(network: nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
-    """HF's RMSNorms in ``network`` computed in its own dtype for this test: they cast to float32 even in a
-    float64 model (tests/architectures.py), so that equal functions would agree to float32 rounding only."""
-    from tests.symmetry.test_decoders import _float64_gemma_rms_norm, _float64_rms_norm
-
-    for norm in {type(module) for module in network.modules() if type(module).__name__.endswith("RMSNorm")}:
-        forward = _float64_gemma_rms_norm if norm.__name__.startswith("Gemma") else _float64_rms_norm
-        monkeypatch.setattr(norm, "forward", forward)
-
-
 def save_tokenizer(folder: Path) -> None:
     """A word-level tokenizer of :data:`WORDS` (ids below 64, the tiny models' vocabulary) saved into ``folder``."""
     from tokenizers import Tokenizer

@@ -15,7 +15,7 @@ from lmc.checkpoints import save_weights
 from lmc.cli import main
 from lmc.io import atomic_output_folder
 from lmc.matching.results import PROBE_RTOL
-from tests.architectures import FLOAT64_RTOL, relative_difference
+from tests.architectures import FLOAT64_RTOL, float64_norms, relative_difference
 from tests.cli import fails
 from tests.formats.checkpoints import (
     FLOAT32_ATOL,
@@ -24,7 +24,6 @@ from tests.formats.checkpoints import (
     TIMM_MODELS,
     at_every_scope,
     fine_tuned_pair,
-    float64_norms,
     model,
     save_hf,
     save_timm,

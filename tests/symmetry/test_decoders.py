@@ -44,8 +44,8 @@ def outputs(model: nn.Module, length: int | None = None) -> torch.Tensor:
 @pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("key", DECODERS)
 def test_random_symmetry_is_exact_when_the_norms_compute_in_float64(key, scope, monkeypatch):
-    float64_norms(key, monkeypatch)
     model = build(key)
+    float64_norms(model, monkeypatch)
     transformed = random_symmetry(model, scope=scope, seed=1)
     assert relative_difference(outputs(model), outputs(transformed)) < 1e-12
 
@@ -197,8 +197,8 @@ def test_phi3_reads_its_fused_rows_as_blocks_and_moves_both_copies_of_each_unit(
 @pytest.mark.parametrize("key", ["llama-gqa", "gemma-gqa"])  # SwiGLU, GeGLU
 def test_a_gated_unit_scales_on_up_and_down_exactly_but_not_on_its_gate(key, monkeypatch):
     """An exact symmetry lmc leaves out of its group (docs/spec.md, section 2): up by a, down by 1/a, per unit."""
-    float64_norms(key, monkeypatch)
     model = build(key)
+    float64_norms(model, monkeypatch)
     reference = outputs(model)
     scales = torch.linspace(-2.0, 3.0, 64, dtype=torch.float64)  # non-zero, signs included
     scales[scales.abs() < 0.1] = 0.5
@@ -243,9 +243,9 @@ def test_the_group_has_the_dimension_of_the_models_own_symmetries(key, monkeypat
     """
     from tests.symmetry.test_gpt_neox import _null_dimension, _qk_tangent, _vo_tangent
 
-    float64_norms(key, monkeypatch)
     zoo_name, overrides = ARCHITECTURES[key]
     model = randomize_parameters_(create_model(zoo_name, dtype=torch.float64, **overrides, num_key_value_heads=4))
+    float64_norms(model, monkeypatch)
     layer = model_spec(model).blocks[0].attention
     assert _null_dimension(model, _qk_tangent) == qk_group(layer).num_coordinates == QK_DIMENSIONS[key]
     assert _null_dimension(model, _vo_tangent) == layer.head_dim**2  # GL(d_h) on V/O

@@ -17,8 +17,7 @@ from torch import nn
 
 from lmc.adapters import apply_transform, model_spec
 from lmc.symmetry import AttentionTransform, ModelTransform, qk_group, rotary_commutant, sample_attention_transform
-from tests.architectures import FLOAT64_RTOL, relative_difference
-from tests.symmetry.test_decoders import _float64_rms_norm
+from tests.architectures import FLOAT64_RTOL, float64_rms_norm, relative_difference
 from tests.symmetry.test_decoders import outputs as decoder_outputs
 from tests.symmetry.test_gpt_neox import _null_dimension, _qk_tangent, _vo_tangent
 from tests.symmetry.test_qwen3 import _element, _pair_rotation, qk_norm_decoder
@@ -32,7 +31,7 @@ def float64_norms(monkeypatch):
     """OLMo-2's RMSNorms without their float32 cast, so that equal functions agree to float64 rounding."""
     from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 
-    monkeypatch.setattr(Olmo2RMSNorm, "forward", _float64_rms_norm)
+    monkeypatch.setattr(Olmo2RMSNorm, "forward", float64_rms_norm)
 
 
 def olmo2(equal_gains: bool = False, **overrides) -> nn.Module:

@@ -20,8 +20,7 @@ from lmc.matching.options import AlignOptions
 from lmc.matching.stage2 import Stage2Problem, solve_stage2
 from lmc.models import create_model, randomize_parameters_
 from lmc.symmetry import AttentionTransform, ModelTransform, qk_group, rotary_commutant, sample_attention_transform
-from tests.architectures import FLOAT64_RTOL, relative_difference
-from tests.symmetry.test_decoders import _float64_rms_norm
+from tests.architectures import FLOAT64_RTOL, float64_rms_norm, relative_difference
 from tests.symmetry.test_decoders import outputs as decoder_outputs
 from tests.symmetry.test_gpt_neox import _null_dimension, _qk_tangent, _vo_tangent
 
@@ -34,7 +33,7 @@ def float64_norms(monkeypatch):
     """Qwen3's RMSNorms without their float32 cast, so that equal functions agree to float64 rounding."""
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-    monkeypatch.setattr(Qwen3RMSNorm, "forward", _float64_rms_norm)
+    monkeypatch.setattr(Qwen3RMSNorm, "forward", float64_rms_norm)
 
 
 def qk_norm_decoder(tiny: str, equal_gains: bool = False, **overrides) -> nn.Module:
