@@ -112,7 +112,9 @@ def sensitivity_section(path: str | Path) -> list[str]:
         by_size = sorted((p for p in points if p["finetune_epochs"] == epochs), key=lambda p: p["finetune_samples"])
         by_length = sorted((p for p in points if p["finetune_samples"] == samples), key=lambda p: p["finetune_epochs"])
         lines += ["", f"### {default['title']} (the default point) and its other points", ""]
-        lines += _points_table(f"fine-tuning samples (at {epochs} epochs)", "finetune_samples", by_size)
+        lines += _points_table(
+            f"fine-tuning samples (at {epochs} epoch{'s' * (epochs != 1)})", "finetune_samples", by_size
+        )
         lines += [""] + _points_table(f"epochs (on {samples:,} samples)", "finetune_epochs", by_length)
         lines += [
             "",

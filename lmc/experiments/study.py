@@ -102,11 +102,13 @@ class Study:
         methods_strategies: The strategies whose runs also sweep ``methods``.
         overlays: Configs added to every run after the family's own (e.g. the quick form's).
         output_dir: Root of the run folders.
+        title: The report's title.
         report: The Markdown report; its figures go into a folder of the same name without ``.md``,
             with its Table 1 runs as data (``table1.json``, :mod:`lmc.experiments.sensitivity`).
         sensitivity: Another study's ``table1.json`` (the sensitivity study's,
             ``docs/sensitivity/table1.json``) whose points the report lays out by fine-tuning
-            samples and length (``None``: no such section).
+            samples and length (``None``: this study's own, where its families share
+            pre-trainings through ``pretrained_by``; else no such section).
         fit_trainer: Trainer settings of every fit over the configs' own: a Lightning DDP fit's
             when the cluster's fits span several processes
             (:meth:`~lmc.experiments.jobs.Cluster.fit_trainer`). :func:`run_study` sets them from
@@ -123,6 +125,7 @@ class Study:
     methods_strategies: list[Scope] = field(default_factory=list)
     overlays: list[str] = field(default_factory=list)
     output_dir: str = "runs/repro"
+    title: str = "Results: the paper's study at small scale"
     report: str = "docs/results.md"
     sensitivity: str | None = None
     fit_trainer: dict[str, Any] = field(default_factory=dict)

@@ -194,6 +194,9 @@ def _calibration(alignments: dict[str, Any]) -> str:
 
 
 def _robustness(study, summaries) -> list[str]:
+    """The Appendix L section, or nothing where no run measured it."""
+    if not any(ROBUSTNESS in summary for _, _, summary in _runs(study, summaries)):
+        return []
     lines = [
         "## Robustness of the midpoints (Appendix L)",
         "",
@@ -337,7 +340,7 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
     report = Path(study.report)
     figures = report.with_suffix("")
     lines = [
-        "# Results: the paper's study at small scale",
+        f"# {study.title}",
         "",
         f"Written by `lmc repro` from the runs in `{study.output_dir}` (study: "
         + ", ".join(f"`{spelled(source)}`" for source in sources)
@@ -358,6 +361,9 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
         configs = " + ".join(f"`{spelled(path)}`" for path in (family.experiment, *family.configs))
         lines.append(f"| {family.title} | {configs} | {done} | {_curve_samples(runs)} |")
     table1_runs = list(_table1_runs(study, summaries))
+    if table1_runs:  # first: a study may lay out its own points (``study.sensitivity``)
+        data = table1_data(table1_runs, sources, _recorded(study, MACHINE), _recorded(study, TIMES) or {})
+        atomic_write_json(figures / TABLE1_DATA, data)
     lines += [
         "",
         *table1_section(table1_runs),
@@ -366,13 +372,17 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
         "",
         *_strategies(study, summaries),
     ]
-    if study.sensitivity:
-        lines += ["", *sensitivity_section(study.sensitivity)]
+    # Another study's points, or this one's where its families share pre-trainings (the sensitivity study).
+    points = study.sensitivity or (figures / TABLE1_DATA if any(f.pretrained_by for f in study.families) else None)
+    if points:
+        lines += ["", *sensitivity_section(points)]
     if study.methods and study.methods_strategies:
         methods, times = _methods(study, summaries)
         lines += ["", *methods]
         atomic_write_text(figures / "alignment_seconds.md", "\n".join(times) + "\n")
-    lines += ["", *_robustness(study, summaries), "", *_first_layer_inputs(study, summaries)]
+    if robustness := _robustness(study, summaries):
+        lines += ["", *robustness]
+    lines += ["", *_first_layer_inputs(study, summaries)]
     lines += ["", "### Interpolation curves", ""]
     for family in study.families:
         strategies = {s: v for s, v in summaries.get(family.name, {}).items() if "full" in v["alignments"]}
@@ -380,9 +390,6 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
             path = figures / f"{family.name}.png"
             _figure(family, strategies, path)
             lines += [f"![{family.title}]({figures.name}/{path.name})", ""]
-    if table1_runs:
-        data = table1_data(table1_runs, sources, _recorded(study, MACHINE), _recorded(study, TIMES) or {})
-        atomic_write_json(figures / TABLE1_DATA, data)
     atomic_write_text(report, "\n".join(lines).rstrip() + "\n")
     return {"summaries": summaries}
 

@@ -442,7 +442,9 @@ def test_the_sensitivity_study_runs_in_its_tiny_form(tmp_path):
     repro([SENSITIVITY, SENSITIVITY_QUICK], 1, {"families": families, **outputs}, Cluster(executor="inline"))
     trained = sorted(path.relative_to(tmp_path / "runs") for path in (tmp_path / "runs").rglob("pretrain/final.ckpt"))
     assert trained == [Path(f"{name}/first_attention/pretrain/final.ckpt") for name in ("gpt2_ape", "mnist_vit_ape")]
-    table1 = (tmp_path / "r.md").read_text().split("## Table 1")[1].split("## Appendix K")[0]
+    report = (tmp_path / "r.md").read_text()
+    assert report.startswith("# Sensitivity: the first attention layer against the fine-tuning data and length\n")
+    table1 = report.split("## Table 1")[1].split("## Appendix K")[0]
     for family in families:  # one pair per point; 4! head orders
         assert f"| {family.title} | 1 | 24 | " in table1, family.title
     assert "| Variant 1 (Stage 1 only) | Variant 2 (orthogonal start) | full |" in table1
@@ -459,6 +461,10 @@ def test_the_sensitivity_study_runs_in_its_tiny_form(tmp_path):
         "gpt2_ape_samples_410": ("gpt2_ape", 410, 1),
     }
     assert data["tasks"] == len(json.loads((tmp_path / "runs" / "times.json").read_text()))
+    # ... and its own report lays its points out (they share pre-trainings), by samples and by length
+    assert "## Sensitivity: fine-tuning data and length" in report
+    assert "| fine-tuning samples (at 1 epoch) | pairs |" in report and "\n| 219 | 1 | " in report
+    assert "## Robustness" not in report  # no run of the study measured it
 
 
 @pytest.mark.slow
@@ -469,6 +475,7 @@ def test_quick_study_writes_the_report_and_a_rerun_reproduces_it(tmp_path, capsy
     main(args)
     assert not (tmp_path / "runs" / "repro_quick").exists() and not (tmp_path / "docs").exists()
     report = (tmp_path / "r.md").read_text()
+    assert report.startswith("# Results: the paper's study at small scale\n")
     machine = json.loads((tmp_path / "runs" / "machine.json").read_text())  # where the numbers come from
     assert machine["threads"] == 1 and f" Computed on {machine['processor']} ({machine['kernels']} kernels" in report
     # The quick form's curves use 8 samples of each validation split, and the report says so.
