@@ -22,6 +22,8 @@ from lmc.io import nan_for_null
 
 #: The file of :func:`table1_data` in a report's figures folder.
 TABLE1_DATA = "table1.json"
+#: What :func:`table1_data` writes at the top level.
+_KEYS = ("study", "machine", "work_seconds", "tasks", "families")
 #: The Table 1 variants the tables show, by their ``lmc run`` labels.
 _VARIANTS = {"orthogonal": "Variant 2", "full": "full"}
 
@@ -82,7 +84,11 @@ def sensitivity_section(path: str | Path) -> list[str]:
     Per family (the points that share one pre-trained model), one table against the fine-tuning
     samples at the default length and one against the length at the full size, with the full
     method's barrier ratio, Stage 1's rank among the head orders (also within the evaluation
-    noise) and ``L_hat``, and a line that states how far each moves across the points.
+    noise) and ``L_hat``, and a line that states how far each moves across the points. A missing
+    file gives one line saying so (a fresh working folder has not run that study).
+
+    Raises:
+        ValueError: ``path`` holds no such data (not JSON, or without its keys).
     """
     lines = ["## Sensitivity: fine-tuning data and length (first attention layer)", ""]
     path = Path(path)
@@ -91,7 +97,17 @@ def sensitivity_section(path: str | Path) -> list[str]:
             f"Not measured here: `{spelled(path)}` does not exist. The sensitivity study writes it "
             "(`lmc repro --study configs/study/sensitivity.yaml`, docs/reproduction.md)."
         ]
-    data = nan_for_null(json.loads(path.read_text()))
+    try:
+        data = nan_for_null(json.loads(path.read_text()))
+        whole = isinstance(data, dict) and all(key in data for key in _KEYS)
+        problem = "" if whole else f"it lacks some of {', '.join(_KEYS)}"
+    except ValueError as error:
+        problem = f"not JSON: {error}"
+    if problem:
+        raise ValueError(
+            f"study.sensitivity {spelled(path)} is not the {TABLE1_DATA} a study's report writes ({problem}): "
+            "name the sensitivity study's docs/sensitivity/table1.json, or run that study again to write it"
+        )
     machine = data["machine"]  # a dict, or NaN where the study recorded none (nan_for_null)
     where = f" on {machine['processor']}, {machine['threads']} thread per task" if isinstance(machine, dict) else ""
     lines += [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from lmc.experiments.sensitivity import sensitivity_section, table1_data
 from lmc.experiments.spread import spread
 from lmc.experiments.study import Family
@@ -95,3 +97,11 @@ def test_a_missing_data_file_is_named_with_the_command_that_writes_it(tmp_path):
     lines = sensitivity_section(tmp_path / "nowhere" / "table1.json")
     assert lines[-1].startswith(f"Not measured here: `{tmp_path / 'nowhere' / 'table1.json'}` does not exist.")
     assert "lmc repro --study configs/study/sensitivity.yaml" in lines[-1]
+
+
+@pytest.mark.parametrize("text", ["not json", '{"families": []}', "[1, 2]"])
+def test_a_file_that_is_no_table1_data_is_one_error_naming_it(tmp_path, text):
+    path = tmp_path / "table1.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"study.sensitivity {path} is not the table1.json a study's report writes"):
+        sensitivity_section(path)
