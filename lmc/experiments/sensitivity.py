@@ -37,7 +37,8 @@ def table1_data(
     """What :func:`sensitivity_section` reads of a study's Table 1 runs.
 
     Args:
-        runs: ``(family, summary.json)`` of each finished Table 1 run.
+        runs: ``(family, summary.json)`` of each finished Table 1 run; those without the full method
+            are left out.
         sources: The study config files.
         machine: Where the numbers were computed (``lmc.experiments.study.machine``), if recorded.
         task_seconds: Wall time of each of the study's tasks (its ``times.json``).
@@ -45,6 +46,8 @@ def table1_data(
     families = []
     for family, summary in runs:
         protocol, alignments = summary["protocol"], summary["alignments"]
+        if "full" not in summary["head_orders"]["alignments"]:  # a protocol without the full method
+            continue
         full = alignments["full"]
         curve = full["mean_curves"]["naive"]
         stage1 = summary["head_orders"]["alignments"]["full"]["loss_barrier"]

@@ -93,6 +93,13 @@ def test_a_point_whose_pairs_have_no_barrier_shows_na_and_the_range_skips_it(tmp
     assert "0 tasks, 0 s of work)." in "\n".join(lines)  # no machine recorded: none named
 
 
+def test_a_run_without_the_full_method_is_left_out_of_the_data():
+    runs = _runs()
+    del runs[1][1]["alignments"]["full"], runs[1][1]["head_orders"]["alignments"]["full"]
+    data = table1_data(runs, ["s.yaml"], None, {})
+    assert [point["name"] for point in data["families"]] == ["vit_epochs_80", "vit_samples_100", "vit_epochs_10"]
+
+
 def test_a_missing_data_file_is_named_with_the_command_that_writes_it(tmp_path):
     lines = sensitivity_section(tmp_path / "nowhere" / "table1.json")
     assert lines[-1].startswith(f"Not measured here: `{tmp_path / 'nowhere' / 'table1.json'}` does not exist.")
