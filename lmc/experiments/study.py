@@ -25,7 +25,6 @@ import contextlib
 import copy
 import dataclasses
 import io
-import json
 import math
 import os
 import sys
@@ -40,7 +39,7 @@ from lmc.experiments.jobs import Cluster, run_jobs
 from lmc.experiments.jobs import Job as SubmittedJob
 from lmc.experiments.jobs import die_with_parent as die_with_parent  # its public name here before lmc.experiments.jobs
 from lmc.experiments.protocol import Protocol, Schedule, alignment_labels, experiment_cli
-from lmc.experiments.study_report import FIRST_LAYER_INPUTS, MACHINE, TIMES, write_report
+from lmc.experiments.study_report import FIRST_LAYER_INPUTS, MACHINE, TIMES, recorded, write_report
 from lmc.io import atomic_write_json, folder_lock
 from lmc.matching import AlignOptions
 from lmc.symmetry import SCOPES, Scope, check_scope
@@ -587,9 +586,8 @@ def run_study(study: Study, jobs: int = 2, cluster: Cluster | None = None) -> di
         folder = Path(study.output_dir) / "jobs"
         times = run_jobs(submitted, cluster, folder, THREADS, default_max_jobs=jobs)
         # A rerun runs only what had not finished: the tasks it skips keep the times recorded earlier.
-        record = Path(study.output_dir) / TIMES
-        times = {**(json.loads(record.read_text()) if record.is_file() else {}), **times}
-        atomic_write_json(record, times)
+        times = {**(recorded(study.output_dir, TIMES) or {}), **times}
+        atomic_write_json(Path(study.output_dir) / TIMES, times)
     return times
 
 

@@ -319,7 +319,7 @@ def _figure(family, strategies: dict[str, dict[str, Any]], path: Path) -> None:
 
 def _machine(study) -> str:
     """Where the numbers were computed, and that another processor computes others."""
-    machine = _recorded(study, MACHINE)
+    machine = recorded(study.output_dir, MACHINE)
     if machine is None:
         return ""
     return (
@@ -362,7 +362,9 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
         lines.append(f"| {family.title} | {configs} | {done} | {_curve_samples(runs)} |")
     table1_runs = list(_table1_runs(study, summaries))
     if table1_runs:  # first: a study may lay out its own points (``study.sensitivity``)
-        data = table1_data(table1_runs, sources, _recorded(study, MACHINE), _recorded(study, TIMES) or {})
+        data = table1_data(
+            table1_runs, sources, recorded(study.output_dir, MACHINE), recorded(study.output_dir, TIMES) or {}
+        )
         atomic_write_json(figures / TABLE1_DATA, data)
     lines += [
         "",
@@ -394,7 +396,7 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
     return {"summaries": summaries}
 
 
-def _recorded(study, name: str) -> dict[str, Any] | None:
-    """A JSON record of the study's output folder (:data:`MACHINE`, :data:`TIMES`), if written."""
-    path = Path(study.output_dir) / name
+def recorded(output_dir: str | Path, name: str) -> dict[str, Any] | None:
+    """A JSON record of a study's output folder (:data:`MACHINE`, :data:`TIMES`), if written."""
+    path = Path(output_dir) / name
     return json.loads(path.read_text()) if path.is_file() else None
