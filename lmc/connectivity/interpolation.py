@@ -78,14 +78,17 @@ def barriers(points: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-def recorded_cluster_sums(state_path: str | Path, curve: str = "aligned") -> list[list[dict[str, float]]] | None:
+def recorded_cluster_sums(
+    state_path: str | Path, curve: str = "aligned", alphas: list[float] | None = None
+) -> list[list[dict[str, float]]] | None:
     """The per-cluster sums a finished sweep state file (:class:`SweepStore`) holds for ``curve``,
-    one list per alpha in order; ``None`` when the file or any point's clusters are missing."""
+    one list per alpha of ``alphas`` (``None``: every recorded alpha) in order; ``None`` when the
+    file or any of those points' clusters are missing."""
     path = Path(state_path)
     if not path.is_file():
         return None
-    saved = json.loads(path.read_text())
-    return SweepStore(path, saved["key"], saved["points"], saved.get("clusters", {})).cluster_sums(curve)
+    store = SweepStore.open(path, json.loads(path.read_text()).get("key"))
+    return store.cluster_sums(curve, alphas)
 
 
 def bootstrap_barriers(
@@ -256,21 +259,31 @@ def fingerprint(*tensor_lists: Iterable[torch.Tensor], extra: object = None) -> 
     return digest.hexdigest()[:16]
 
 
+def alpha_key(alpha: float) -> str:
+    """How a sweep record names the point at ``alpha``: the float's shortest exact text, so that a
+    grid of 13 alphas finds its points in one of 25 (``k / 12`` is ``2k / 24``, bit for bit)."""
+    return repr(float(alpha))
+
+
 @dataclass
 class SweepStore:
     """Finished points of sweeps, persisted atomically after each point.
 
-    The file holds ``{"key": ..., "points": {curve: {alpha index: point}}}``. It is only a
-    cache: a file of another sweep (another key) is ignored, an unreadable one too (with a
-    warning naming it), and its points are evaluated again.
+    The file holds ``{"format": ..., "key": ..., "points": {curve: {alpha: point}}, "clusters": ...}``
+    with points named by :func:`alpha_key`, so sweeps of one curve on several grids share them. It is
+    only a cache: a file of another sweep (another key) or format is ignored, an unreadable one too
+    (with a warning naming it), and its points are evaluated again.
     """
 
     path: Path | None
     key: str
     points: dict[str, dict[str, dict[str, float]]]
     clusters: dict[str, dict[str, list[dict[str, float]]]] = field(default_factory=dict)
-    """Each point's sums per evaluated cluster (``curve -> alpha index -> [sums, ...]``), where the
+    """Each point's sums per evaluated cluster (``curve -> alpha -> [sums, ...]``), where the
     evaluation recorded them (one process): what :func:`bootstrap_barriers` resamples."""
+
+    #: Version of the file's layout (2: points named by alpha, not by their index in the grid).
+    FORMAT = 2
 
     @classmethod
     def open(cls, path: str | Path | None, key: str) -> SweepStore:
@@ -282,35 +295,47 @@ class SweepStore:
             except ValueError as error:  # a truncated or garbled file
                 warnings.warn(f"ignoring the unreadable sweep state {path} ({error}); its points are evaluated again")
                 saved = None
-            if isinstance(saved, dict) and saved.get("key") == key and isinstance(saved.get("points"), dict):
+            if (
+                isinstance(saved, dict)
+                and saved.get("key") == key
+                and saved.get("format") == cls.FORMAT
+                and isinstance(saved.get("points"), dict)
+            ):
                 points = nan_for_null(saved["points"])
                 clusters = nan_for_null(saved.get("clusters", {}))
         return cls(path, key, points, clusters)
 
-    def get(self, curve: str, index: int) -> dict[str, float] | None:
-        return self.points.get(curve, {}).get(str(index))
+    def get(self, curve: str, alpha: float) -> dict[str, float] | None:
+        return self.points.get(curve, {}).get(alpha_key(alpha))
 
-    def cluster_sums(self, curve: str) -> list[list[dict[str, float]]] | None:
-        """The per-cluster sums of every point of ``curve`` in alpha order, ``None`` unless each point has them."""
+    def clusters_at(self, curve: str, alpha: float) -> list[dict[str, float]]:
+        """The recorded per-cluster sums of the point at ``alpha`` (empty where none were recorded)."""
+        return self.clusters.get(curve, {}).get(alpha_key(alpha), [])
+
+    def cluster_sums(self, curve: str, alphas: list[float] | None = None) -> list[list[dict[str, float]]] | None:
+        """The per-cluster sums of ``curve``'s points at ``alphas`` (``None``: every recorded point) in
+        alpha order, ``None`` unless each of them has them."""
         recorded = self.clusters.get(curve, {})
-        indices = sorted(self.points.get(curve, {}), key=int)
-        if not indices or any(index not in recorded for index in indices):
+        keys = sorted(self.points.get(curve, {}), key=float) if alphas is None else [alpha_key(a) for a in alphas]
+        if not keys or any(key not in recorded for key in keys):
             return None
-        return [recorded[index] for index in indices]
+        return [recorded[key] for key in keys]
 
     def put(
         self,
         curve: str,
-        index: int,
+        alpha: float,
         point: dict[str, float],
         write: bool,
         clusters: list[dict[str, float]] | None = None,
     ) -> None:
-        self.points.setdefault(curve, {})[str(index)] = point
+        self.points.setdefault(curve, {})[alpha_key(alpha)] = point
         if clusters:
-            self.clusters.setdefault(curve, {})[str(index)] = clusters
+            self.clusters.setdefault(curve, {})[alpha_key(alpha)] = clusters
         if write and self.path is not None:
-            atomic_write_json(self.path, {"key": self.key, "points": self.points, "clusters": self.clusters})
+            atomic_write_json(
+                self.path, {"format": self.FORMAT, "key": self.key, "points": self.points, "clusters": self.clusters}
+            )
 
 
 @torch.no_grad()
@@ -324,6 +349,7 @@ def sweep(
     curve: str,
     write: bool = True,
     progress: Callable[[str], None] | None = None,
+    start: tuple[SweepStore, str] | None = None,
 ) -> list[dict[str, float]]:
     """Evaluate ``curve`` at every alpha, writing ``lerp(a, b, alpha)`` into ``model`` in place.
 
@@ -338,6 +364,9 @@ def sweep(
         curve: Name of the curve in ``store``.
         write: Whether this process persists the store (rank 0 only).
         progress: Called with a short message after each point.
+        start: ``(store, curve)`` of another curve from the same ``endpoint_a``, evaluated the same
+            way: its point at alpha 0 is taken instead of evaluating it again (the weights there are
+            ``endpoint_a`` bit for bit, since ``lerp(a, b, 0) == a``).
 
     Returns:
         One ``{"alpha", <metric>: sum / count, ...}`` per alpha.
@@ -347,15 +376,19 @@ def sweep(
         raise ValueError("the end points must list one tensor per model parameter")
     points = []
     try:
-        for index, alpha in enumerate(alphas):
-            point = store.get(curve, index)
+        for alpha in alphas:
+            point = store.get(curve, alpha)
+            if point is None and alpha == 0 and start is not None:
+                other, name = start
+                if (point := other.get(name, alpha)) is not None:
+                    store.put(curve, alpha, point, write, other.clusters_at(name, alpha))
             if point is None:
                 for target, a, b in zip(parameters, endpoint_a, endpoint_b):
                     target.copy_(interpolate(a, b, alpha))
                 per_cluster: list[dict[str, float]] = []
                 sums = {name: float(value) for name, value in evaluate_point(per_cluster).items()}
                 point = {"alpha": alpha, **point_metrics(sums)}
-                store.put(curve, index, point, write, per_cluster)
+                store.put(curve, alpha, point, write, per_cluster)
             points.append(point)
             if progress is not None:
                 progress(f"{curve} " + " ".join(f"{name}={value:.4f}" for name, value in point.items()))

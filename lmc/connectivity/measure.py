@@ -98,9 +98,10 @@ class SweepHooks:
 
     Attributes:
         state_path: Resumable record of finished points (``None``: not persisted).
-        naive_state_path: A separate record for the naive curve, which does not depend on the
-            scope or the alignment options: sweeps of one pair with several alignments that
-            share it evaluate the naive curve once (``None``: kept in ``state_path``).
+        naive_state_path: A separate record for the naive curve, which depends on neither the
+            scope, the alignment options nor the grid: sweeps of one pair with several alignments
+            or grids that share it evaluate each naive point and end point A once (``None``: kept
+            in ``state_path``).
         write: Whether this process writes the records (rank 0 only).
         barrier: Waits for every process; called after each has read the state, before it changes.
         progress: Called with a short message after each point.
@@ -341,10 +342,13 @@ def measure_connectivity(
     stores = {"aligned": SweepStore.open(hooks.state_path, key)}
     if hooks.naive_state_path is None:
         stores["naive"] = stores["aligned"]
-    else:  # the naive curve's own identity: the two models, the alphas and the evaluation
+    else:  # the naive curve's own identity: the two models and the evaluation (its points, by alpha,
+        # serve sweeps of the pair on every grid)
         naive = {
             **identity,
-            "settings": {k: v for k, v in identity["settings"].items() if k not in ("scope", "options", "calibration")},
+            "settings": {
+                k: v for k, v in identity["settings"].items() if k not in ("scope", "options", "calibration", "alphas")
+            },
         }
         stores["naive"] = SweepStore.open(hooks.naive_state_path, fingerprint(extra=naive))
     hooks.barrier()
@@ -361,6 +365,8 @@ def measure_connectivity(
             curve,
             hooks.write,
             hooks.progress,
+            # end point A is the naive curve's first point: each aligned curve reuses it
+            start=None if curve == "naive" else (stores["naive"], "naive"),
         )
         curves[curve] = {"points": points, **barriers(points)}
     return {

@@ -73,6 +73,11 @@ class Protocol:
             spaced alphas that are among the curves' own (``num_alphas - 1`` a multiple of
             ``head_order_alphas - 1``), so that ranks and ``L_hat`` compare every order, method and
             naive curve on the same alphas (docs/experiments.md, "Table 1").
+        alignment_alphas: Points on each listed alignment's curve except the full method's (the
+            default settings, the run's headline and figure curve, which keeps ``num_alphas``;
+            ``None``: ``num_alphas``): evenly spaced alphas among the curves' own, and holding the
+            head orders' where those are scored. A variant's barrier ratio is then against the naive
+            barrier on the same alphas; Table 1 ranks every curve on the head orders' alphas anyway.
         robustness: Also measure the accuracy of both end points, the naive midpoint and each
             alignment's aligned midpoint on clean and corrupted data, three severities per
             corruption (paper Appendix L; :mod:`lmc.connectivity.robustness`): ``pairs/<i>_<j>/robustness.json``
@@ -93,6 +98,7 @@ class Protocol:
     eval_samples: int | None = None
     head_orders: bool = False
     head_order_alphas: int | None = None
+    alignment_alphas: int | None = None
     robustness: bool = False
     overwrite: bool = False
 
@@ -111,12 +117,20 @@ class Protocol:
             raise ValueError(f"protocol.eval_batch_size must be positive, got {self.eval_batch_size}")
         if self.eval_samples is not None and self.eval_samples < 1:
             raise ValueError(f"protocol.eval_samples must be positive, got {self.eval_samples}")
-        order_alphas = self.head_order_alphas
-        if order_alphas is not None and (order_alphas < 2 or (self.num_alphas - 1) % (order_alphas - 1)):
+        for name in ("head_order_alphas", "alignment_alphas"):
+            count = getattr(self, name)
+            if count is not None and not _among(count, self.num_alphas):
+                raise ValueError(
+                    f"protocol.{name}={count} alphas are not among the curves' {self.num_alphas}: pick a count n "
+                    f"whose n - 1 gaps divide num_alphas - 1 = {self.num_alphas - 1} (13 of 25: every other alpha), "
+                    "or leave it unset"
+                )
+        order_alphas = self.head_order_alphas or self.num_alphas
+        if self.head_orders and self.alignment_alphas is not None and not _among(order_alphas, self.alignment_alphas):
             raise ValueError(
-                f"protocol.head_order_alphas={order_alphas} alphas are not among the curves' {self.num_alphas}: pick "
-                f"a count n whose n - 1 gaps divide num_alphas - 1 = {self.num_alphas - 1} (13 of 25: every other "
-                "alpha), or leave it unset"
+                f"protocol.alignment_alphas={self.alignment_alphas} alphas do not hold the head orders' "
+                f"{order_alphas}, on which Table 1 ranks every alignment: set alignment_alphas to head_order_alphas "
+                "or to a count that holds them"
             )
 
     @property
@@ -127,6 +141,16 @@ class Protocol:
     @property
     def alignment_options(self) -> list[AlignOptions]:
         return self.alignments if self.alignments is not None else [AlignOptions()]
+
+    def alphas_of(self, options: AlignOptions) -> list[float]:
+        """The alphas of an alignment's curves (:attr:`alignment_alphas`; the full method: all ``num_alphas``)."""
+        whole = options == AlignOptions() or self.alignment_alphas is None
+        return evenly_spaced(self.num_alphas if whole else self.alignment_alphas)
+
+
+def _among(count: int, of: int) -> bool:
+    """Whether ``count`` evenly spaced alphas are among ``of`` evenly spaced ones (the same floats)."""
+    return count >= 2 and (of - 1) % (count - 1) == 0
 
 
 def alignment_labels(alignments: list[AlignOptions]) -> list[str]:

@@ -296,8 +296,8 @@ class Experiment:
         def sweep(
             options: AlignOptions, folder: Path, at: list[float] = alphas, figures: bool = True
         ) -> dict[str, Any]:
-            # Every curve of the pair at the same alphas shares one naive curve.
-            naive = pair / ("naive_sweep_state.json" if at == alphas else f"naive_sweep_state_{len(at)}.json")
+            # Every curve of the pair shares one naive curve (its points on every grid, end point A's among them).
+            naive = pair / "naive_sweep_state.json"
             output = ResultsOutput(folder, str(checkpoints[j]), other_results="replace", figures=figures)
             swept = sweep_and_write(
                 output,
@@ -314,7 +314,10 @@ class Experiment:
             return swept["references"][str(checkpoints[i])]
 
         labels, alignments = alignment_labels(self.protocol.alignment_options), self.protocol.alignment_options
-        results = {label: sweep(options, pair / label) for label, options in zip(labels, alignments)}
+        results = {
+            label: sweep(options, pair / label, self.protocol.alphas_of(options))
+            for label, options in zip(labels, alignments)
+        }
         if self.protocol.head_orders:
             orders = head_orders(model_spec(module.model).attention[0])
             picked = picked_orders(results)
@@ -497,7 +500,9 @@ class Experiment:
             # Read from the sweep states rather than the pairs' results, so a run whose pairs
             # finished before this measure existed gets it too.
             folders = {f"{i}_{j}": self.root / "pairs" / f"{i}_{j}" for i, j in self.pairs()}
-            summary[REFINEMENT] = summarize_refinement(folders, evenly_spaced(protocol.num_alphas))
+            # on the orthogonal start's alphas, which the full method's curve holds
+            orthogonal = protocol.alphas_of(AlignOptions(method="orthogonal"))
+            summary[REFINEMENT] = summarize_refinement(folders, orthogonal)
         if protocol.robustness:
             summary[ROBUSTNESS] = summarize_robustness(pairs)
         datamodule = instantiate_data(stages[0].config)

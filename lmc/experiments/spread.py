@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Any
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -30,3 +31,18 @@ def cell(stats: dict[str, float] | None, digits: int = 1, unit: str = "", of: in
         return "n/a" if of is None else f"n/a (0 of {of})"
     counted = "" if of is None or stats["count"] == of else f" ({stats['count']} of {of})"
     return f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}{unit}{counted}"
+
+
+def curve_alphas_text(alignments: list[dict[str, dict[str, Any]]]) -> str:
+    """Which alignments' curves have how many alphas (``protocol.alignment_alphas``), from the
+    ``summary["alignments"]`` of runs; empty when all have the same."""
+    labels_by_count: dict[int, list[str]] = {}
+    for entries in alignments:
+        for label, entry in entries.items():
+            listed = labels_by_count.setdefault(len(entry["mean_curves"]["aligned"]), [])
+            if f"`{label}`" not in listed:
+                listed.append(f"`{label}`")
+    if len(labels_by_count) < 2:
+        return ""
+    counts = "; ".join(f"{count} alphas: {', '.join(labels)}" for count, labels in sorted(labels_by_count.items()))
+    return f"Curves on {counts} (each ratio against the naive barrier on the curve's own alphas)."

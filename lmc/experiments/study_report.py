@@ -15,7 +15,7 @@ from typing import Any
 from lmc.configs import spelled
 from lmc.connectivity import NO_BARRIER
 from lmc.experiments.sensitivity import TABLE1_DATA, sensitivity_section, table1_data
-from lmc.experiments.spread import cell
+from lmc.experiments.spread import cell, curve_alphas_text
 from lmc.experiments.summary import ROBUSTNESS, no_barrier_lines, robustness_table
 from lmc.experiments.table1 import appendix_k_section, table1_section
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text, nan_for_null
@@ -150,10 +150,13 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
         "|---|---|" + "---|" * len(labels),
     ]
     reached = rows = 0
+    grids = []  # runs whose methods' curves have fewer alphas than the full method's (protocol.alignment_alphas)
     for family, strategy, summary in _runs(study, summaries, study.methods_strategies):
         alignments = summary["alignments"]
         if not all(label in alignments for label in labels):
             continue
+        if grid := curve_alphas_text([{label: alignments[label] for label in labels}]):
+            grids.append(f"- {family.title}, {strategy}: {grid[0].lower()}{grid[1:]}")
         ratios = {label: alignments[label]["barrier_ratio"]["loss_barrier"] for label in labels}
         naive, pairs = alignments["full"]["naive"]["loss_barrier"], len(summary["pairs"])
         cells = [cell(ratios[label], of=pairs) for label in labels]
@@ -178,7 +181,7 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
         f"The best method is at or below {METHODS_TARGET:g} % in {reached} of the {rows} runs with a naive "
         f"barrier (at least one pair with a naive loss barrier of {NO_BARRIER['loss_barrier']:g} nats or more).",
     ]
-    return lines, times
+    return lines + ([""] + grids if grids else []), times
 
 
 def _calibration(alignments: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmc.connectivity import BARRIERS, NO_BARRIER, curve_figure
-from lmc.experiments.spread import cell, spread
+from lmc.experiments.spread import cell, curve_alphas_text, spread
 from lmc.experiments.table1 import HEAD_ORDERS, head_order_table
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text
 
@@ -130,6 +130,8 @@ def summary_table(summary: dict[str, Any]) -> str:
             f"| {cell(ratio['loss_barrier'], 1, of=pairs)} | {cell(naive['accuracy_barrier'], 3)} "
             f"| {cell(aligned['accuracy_barrier'], 3)} | {cell(ratio['accuracy_barrier'], 1, of=pairs)} |"
         )
+    if grids := curve_alphas_text([summary["alignments"]]):
+        lines += ["", grids]
     lines += no_barrier_lines(summary["alignments"].get("full") or next(iter(summary["alignments"].values())))
     if summary.get(HEAD_ORDERS):
         lines += ["", *head_order_table(summary[HEAD_ORDERS])]

@@ -22,7 +22,7 @@ from lmc.connectivity.interpolation import (
     recorded_cluster_sums,
 )
 from lmc.experiments.protocol import RunError
-from lmc.experiments.spread import cell, spread
+from lmc.experiments.spread import cell, curve_alphas_text, spread
 from lmc.matching import AlignOptions
 
 #: The matcher variants of Table 1, by their ``lmc run`` labels.
@@ -213,7 +213,7 @@ def head_order_noise(
         clusters were not recorded (a distributed evaluation records none).
     """
     whole = {
-        label: recorded_cluster_sums(folder / label / "lmc_sweep_state_0.json")
+        label: recorded_cluster_sums(folder / label / "lmc_sweep_state_0.json", alphas=alphas)
         for label, result in orders.items()
         if len(result["settings"]["alphas"]) == len(alphas)
     }
@@ -250,7 +250,7 @@ def refinement_noise(pair: Path, alphas: list[float]) -> dict[str, dict[str, Any
 
     Args:
         pair: The pair's folder (``pairs/<i>_<j>``), which holds ``orthogonal/`` and ``full/``.
-        alphas: The curves' alphas.
+        alphas: Alphas both curves hold (the orthogonal start's, among the full method's).
 
     Returns:
         Per barrier (``loss_barrier``, ``accuracy_barrier``): ``gap`` (full's barrier minus
@@ -258,7 +258,10 @@ def refinement_noise(pair: Path, alphas: list[float]) -> dict[str, dict[str, Any
         ``raised`` and ``lowered`` (full's barrier is higher, or lower, in at least :data:`TOLD_APART`
         of the draws). Empty when a curve's clusters were not recorded (a distributed evaluation records none).
     """
-    curves = {label: recorded_cluster_sums(pair / label / "lmc_sweep_state_0.json") for label in ("orthogonal", "full")}
+    curves = {
+        label: recorded_cluster_sums(pair / label / "lmc_sweep_state_0.json", alphas=alphas)
+        for label in ("orthogonal", "full")
+    }
     if any(clusters is None for clusters in curves.values()):
         return {}
     draws = bootstrap_barriers(curves, alphas, RESAMPLES)
@@ -295,7 +298,7 @@ def summarize_refinement(pairs: dict[str, Path], alphas: list[float]) -> dict[st
 
     Args:
         pairs: Pair name (``<i>_<j>``) -> its folder.
-        alphas: The curves' alphas.
+        alphas: Alphas both curves of every pair hold (the orthogonal start's).
     """
     per_pair = {name: noise for name, folder in pairs.items() if (noise := refinement_noise(folder, alphas))}
     counts = {
@@ -396,7 +399,8 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         + " | ".join(PAPER_TABLE1[label] for label in variants)
         + " |"
     )
-    return lines + accuracy + ["", *refinement_lines(runs)]
+    grids = curve_alphas_text([{v: s["alignments"][v] for v in variants if v in s["alignments"]} for _, s in runs])
+    return lines + accuracy + ([] if not grids else ["", grids]) + ["", *refinement_lines(runs)]
 
 
 def order_alphas_text(runs: list[tuple[Any, dict[str, Any]]]) -> str:
@@ -479,4 +483,7 @@ def appendix_k_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
                 f"| {cell(loss.get('rank_within_noise'), of=pairs)} | {ties(loss)} | {cell(loss['l_hat'], of=pairs)} "
                 f"| {ratio} | {cell(acc['rank'], of=pairs)} | {cell(acc['l_hat'], of=pairs)} |"
             )
+    metrics = [{label: e for label, e in s["alignments"].items() if label.startswith("full")} for _, s in runs]
+    if grids := curve_alphas_text(metrics):
+        lines += ["", f"Loss ratios: {grids[0].lower()}{grids[1:]}"]
     return lines

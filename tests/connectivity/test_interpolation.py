@@ -259,10 +259,14 @@ def test_bootstrap_barriers_redraw_the_clusters_the_same_way_for_every_curve():
 def test_a_state_file_from_another_sweep_is_ignored(tmp_path):
     path = tmp_path / "state.json"
     store = SweepStore.open(path, "first")
-    store.put("naive", 0, {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, write=True)
-    assert SweepStore.open(path, "first").get("naive", 0) == {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}
-    assert SweepStore.open(path, "second").get("naive", 0) is None
+    store.put("naive", 0.0, {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, write=True)
+    assert SweepStore.open(path, "first").get("naive", 0.0) == {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}
+    assert SweepStore.open(path, "second").get("naive", 0.0) is None
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # atomic writes leave no temporary files
+    # a file of the earlier layout (points named by their index in the grid) is another format
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({"key": "first", "points": {"naive": {"0": saved["points"]["naive"]["0.0"]}}}))
+    assert SweepStore.open(path, "first").points == {}
 
 
 @pytest.mark.parametrize("content", ['{"key": "first", "points": {"naive": {"0": {"al', "", "\xff\xfe"])
@@ -272,12 +276,14 @@ def test_a_truncated_state_file_is_ignored_with_a_warning_naming_it(tmp_path, co
     with pytest.warns(UserWarning, match=f"unreadable sweep state {path}"):
         store = SweepStore.open(path, "first")
     assert store.points == {}
-    store.put("naive", 0, {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, write=True)  # and replaced by a good one
-    assert SweepStore.open(path, "first").get("naive", 0) == {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}
+    store.put("naive", 0.0, {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}, write=True)  # and replaced by a good one
+    assert SweepStore.open(path, "first").get("naive", 0.0) == {"alpha": 0.0, "loss": 1.0, "accuracy": 0.5}
 
 
-def test_sweeps_of_one_pair_share_their_naive_curve(tmp_path):
-    """The naive curve depends on neither the scope nor the alignment options: evaluated once per pair."""
+def test_sweeps_of_one_pair_share_their_naive_curve_and_end_point_a_on_every_grid(tmp_path):
+    """The naive curve depends on neither the scope, the alignment options nor the grid, and alpha 0 is
+    end point A on every curve: each is evaluated once per pair, and the shared points are the very
+    points a sweep of its own evaluates."""
     from torch.utils.data import DataLoader, Subset
 
     from lmc.adapters import scope_parameters
@@ -296,18 +302,29 @@ def test_sweeps_of_one_pair_share_their_naive_curve(tmp_path):
     calls = []
     batches = DataLoader(Subset(data.split("val"), range(40)), batch_size=20)
     evaluation = Evaluation(lambda batch: calls.append(1) or module.metric_sums(batch), batches, "val", {}, {})
-    results = []
-    for method in ("orthogonal", "full"):
+
+    def measured(method: str, alphas: list[float], shared: bool = True) -> dict:
         hooks = SweepHooks(tmp_path / method / "state.json", naive_state_path=tmp_path / "naive.json")
-        alphas = [0.0, 0.5, 1.0]
-        results.append(
-            measure_connectivity(
-                module.model, other.model, "first_attention", AlignOptions(method=method), alphas, evaluation, hooks
-            )
+        options = AlignOptions(method=method)
+        return measure_connectivity(
+            module.model, other.model, "first_attention", options, alphas, evaluation, hooks if shared else SweepHooks()
         )
-    assert len(calls) == 2 * (3 + 3 + 3)  # two batches per point: naive once, each aligned curve once
+
+    coarse, fine = evenly_spaced(3), evenly_spaced(5)
+    results = [measured(method, coarse) for method in ("orthogonal", "full")]
+    # two batches per point: the naive curve's 3, then each aligned curve's 2 beside end point A
+    assert len(calls) == 2 * (3 + 2 + 2)
     assert results[0]["curves"]["naive"] == results[1]["curves"]["naive"]
     assert results[0]["key"] != results[1]["key"]
+    finer = measured("permutation", fine)
+    assert len(calls) == 2 * (3 + 2 + 2) + 2 * (2 + 4)  # the naive curve's 2 new alphas, the aligned 4 past A
+    assert finer["curves"]["naive"]["points"][::2] == results[0]["curves"]["naive"]["points"]
+    naive_a = finer["curves"]["naive"]["points"][0]
+    assert all(r["curves"]["aligned"]["points"][0] == naive_a for r in [*results, finer])
+    # what a sweep evaluates alone (no shared records) is the same, bit for bit
+    for method, grid, result in (("full", coarse, results[1]), ("permutation", fine, finer)):
+        alone = measured(method, grid, shared=False)
+        assert alone["curves"] == result["curves"]
 
 
 def test_an_alignment_made_by_the_caller_is_used_not_made_again(monkeypatch):
@@ -360,7 +377,7 @@ def test_a_changed_alignment_of_the_same_settings_never_resumes_its_stale_points
     aligned, report = align(other.model, module.model, "full_model", options)
     hooks = SweepHooks(tmp_path / "state.json", naive_state_path=tmp_path / "naive.json")
     first = measure_connectivity(module.model, other.model, "full_model", options, alphas, evaluation, hooks)
-    assert len(calls) == 6
+    assert len(calls) == 5  # the naive curve, and the aligned one beside end point A
     calls.clear()
     again = measure_connectivity(
         module.model, other.model, "full_model", options, alphas, evaluation, hooks, alignment=(aligned, report)
@@ -372,7 +389,7 @@ def test_a_changed_alignment_of_the_same_settings_never_resumes_its_stale_points
     changed = measure_connectivity(
         module.model, other.model, "full_model", options, alphas, evaluation, hooks, alignment=(stale, report)
     )
-    assert len(calls) == 3  # the aligned curve again, not the naive one
+    assert len(calls) == 2  # the aligned curve again past end point A, not the naive one
     assert changed["curves"]["naive"] == first["curves"]["naive"]
     assert changed["curves"]["aligned"] != first["curves"]["aligned"]
 

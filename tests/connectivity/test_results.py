@@ -152,5 +152,5 @@ def test_a_sweep_without_a_naive_barrier_writes_strict_json(tmp_path):
     written = json.loads((tmp_path / "lmc_results.json").read_text(), parse_constant=refuse)
     assert written["references"]["b.ckpt"]["barrier_ratio"] == {"loss_barrier": None}
     store = SweepStore.open(tmp_path / "state.json", "key")
-    store.put("naive", 0, {"alpha": 0.5, "loss": math.nan}, write=True)
-    assert math.isnan(SweepStore.open(tmp_path / "state.json", "key").get("naive", 0)["loss"])
+    store.put("naive", 0.5, {"alpha": 0.5, "loss": math.nan}, write=True)
+    assert math.isnan(SweepStore.open(tmp_path / "state.json", "key").get("naive", 0.5)["loss"])

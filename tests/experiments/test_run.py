@@ -315,6 +315,14 @@ def test_protocol_values_are_checked_while_parsing(tmp_path, capsys):
         Protocol(head_orders=True, head_order_alphas=6)
     assert Protocol(head_order_alphas=13).order_alphas == evenly_spaced(25)[::2]  # the same floats
     assert Protocol().order_alphas == evenly_spaced(25)
+    with pytest.raises(ValueError, match="alignment_alphas=6 alphas are not among the curves. 25"):
+        Protocol(alignment_alphas=6)
+    with pytest.raises(ValueError, match="alignment_alphas=7 alphas do not hold the head orders. 13"):
+        Protocol(head_orders=True, head_order_alphas=13, alignment_alphas=7)
+    coarse = Protocol(head_orders=True, head_order_alphas=7, alignment_alphas=13)
+    assert coarse.alphas_of(AlignOptions()) == evenly_spaced(25)  # the full method keeps every alpha
+    assert coarse.alphas_of(AlignOptions(method="orthogonal")) == evenly_spaced(25)[::2]
+    assert Protocol().alphas_of(AlignOptions(method="orthogonal")) == evenly_spaced(25)
 
 
 def test_labels_name_what_differs_from_the_defaults():
@@ -384,8 +392,8 @@ def test_head_order_noise_tells_orders_apart_only_beyond_the_evaluation_noise(tm
         for index, cluster_losses in enumerate([[10.0] * 6, middle, [10.0] * 6]):
             clusters = [{"count": 10.0, "loss": loss, "accuracy": 5.0} for loss in cluster_losses]
             point = {"alpha": alphas[index], "loss": sum(cluster_losses) / 60, "accuracy": 0.5}
-            store.put("aligned", index, point, True, clusters)
-        points = [store.get("aligned", index) for index in range(3)]
+            store.put("aligned", alphas[index], point, True, clusters)
+        points = [store.get("aligned", alpha) for alpha in alphas]
         orders[label] = {"settings": {"alphas": alphas}, "curves": {"aligned": barriers(points)}}
     noise = lmc.experiments.table1.head_order_noise(orders, {"a": "102", "b": "021"}, tmp_path, alphas)
     # 102's barrier (1.5) is above 012's (0.5) and 021's (at most 1.1) in every draw.
@@ -409,8 +417,8 @@ def _write_aligned_curve(path: Path, alphas: list[float], middle: list[float], c
     for index, cluster_losses in enumerate([[10.0] * 6, middle, [10.0] * 6]):
         sums = [{"count": 10.0, "loss": loss, "accuracy": 5.0} for loss in cluster_losses]
         point = {"alpha": alphas[index], "loss": sum(cluster_losses) / 60, "accuracy": 0.5}
-        store.put("aligned", index, point, True, sums if clusters else None)
-    return barriers([store.get("aligned", index) for index in range(3)])
+        store.put("aligned", alphas[index], point, True, sums if clusters else None)
+    return barriers([store.get("aligned", alpha) for alpha in alphas])
 
 
 def test_refinement_noise_tells_a_rise_or_a_fall_from_the_evaluation_noise(tmp_path):
@@ -474,13 +482,27 @@ def test_head_orders_rank_every_order_of_the_first_layer(tmp_path):
 
 def test_head_orders_on_every_other_alpha_rank_every_barrier_on_those_alphas(tmp_path):
     config = _config(
-        tmp_path, seeds=2, num_alphas=5, head_orders=True, head_order_alphas=3, alignments=[{"method": "full"}]
+        tmp_path,
+        seeds=2,
+        num_alphas=5,
+        head_orders=True,
+        head_order_alphas=3,
+        alignment_alphas=3,
+        alignments=[{"method": "orthogonal"}, {"method": "full"}],
     )
     main(["run", "--config", config])
-    (entry,) = json.loads((tmp_path / "run" / "summary.json").read_text())["head_orders"]["alignments"]["full"][
-        "per_pair"
-    ].values()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (entry,) = summary["head_orders"]["alignments"]["full"]["per_pair"].values()
     pair = tmp_path / "run" / "pairs" / "0_1"
+    # alignment_alphas: the orthogonal start on the head orders' 3 alphas, the full method on all 5; the
+    # refinement is measured on the 3 both hold, from the full method's recorded points there
+    (start,) = json.loads((pair / "orthogonal" / "lmc_results.json").read_text())["references"].values()
+    assert [p["alpha"] for p in start["curves"]["aligned"]["points"]] == [0.0, 0.5, 1.0]
+    (refined,) = json.loads((pair / "full" / "lmc_results.json").read_text())["references"].values()
+    refinement = summary["refinement"]["per_pair"]["0_1"]["loss_barrier"]
+    on_three = barriers(refined["curves"]["aligned"]["points"][::2])["loss_barrier"]
+    assert refinement["gap"] == pytest.approx(on_three - start["curves"]["aligned"]["loss_barrier"], abs=1e-12)
+    assert "Curves on 3 alphas: `orthogonal`; 5 alphas: `full`" in (tmp_path / "run" / "summary.md").read_text()
 
     def loss_gap(points):  # the loss barrier of points, by hand
         (start, end) = points[0], points[-1]

@@ -374,9 +374,15 @@ def test_table1_has_a_column_only_for_the_variants_run():
     entry = {name: stats for name in ("rank", "rank_within_noise", "l_hat")} | {"ties": 1, "noise_pairs": 2}
     orders = {"orders": 8, "alignments": {"full": {"loss_barrier": entry, "accuracy_barrier": entry}}}
     ratio = {"barrier_ratio": {"loss_barrier": stats, "accuracy_barrier": stats}}
-    summary = {"pairs": ["0_1", "0_2"], "head_orders": orders, "alignments": {"full": ratio, "permutation": ratio}}
+    alignments = {"full": ratio, "permutation": ratio}
+    for label, alphas in (("full", 25), ("permutation", 13)):  # protocol.alignment_alphas: 13
+        alignments[label] = {**ratio, "mean_curves": {"aligned": [{"alpha": k / (alphas - 1)} for k in range(alphas)]}}
+    summary = {"pairs": ["0_1", "0_2"], "head_orders": orders, "alignments": alignments}
     family = Family("x", "Llama, 8 orders", "configs/study/llama_rope.yaml")
     lines = table1_section([(family, summary)])
+    assert "Curves on 13 alphas: `permutation`; 25 alphas: `full` (each ratio against the naive barrier on the " in (
+        "\n".join(lines)
+    )
     header = next(line for line in lines if line.startswith("| family | pairs |"))
     assert "Variant 1 (Stage 1 only) | full |" in header and "Variant 2" not in header
     row = next(line for line in lines if line.startswith("| Llama, 8 orders | 2 | 8 | 2.0 ± 0.5 |"))
