@@ -12,6 +12,12 @@ encodings side by side.
 
     python -m benchmarks.demo_processors            # writes benchmarks/results/demo_processors.{json,md}
     python -m benchmarks.demo_processors --settings free   # only the two free settings
+
+A processor of another vendor is compared for real, not emulated: run the demo as itself there and
+compare it with the results file this script wrote on the first machine,
+
+    python -m benchmarks.demo_processors --settings here --results benchmarks/results/demo_vendors \
+        --against benchmarks/results/demo_processors.json
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ COMPARISONS = {
     "free": ("free, this processor", "free, as an AVX2 processor"),
     "pinned": ("pinned, this processor", "pinned, MKL limited to AVX2"),
 }
+#: What ``--settings`` can run: a comparison's two settings, or this processor alone (``--against``).
+GROUPS = {**COMPARISONS, "here": ("free, this processor",)}
+#: The setting compared with another machine's results file (``--against``).
+HERE = "free, this processor"
 
 
 def processor_name() -> str:
@@ -71,16 +81,19 @@ def _same_weights(first: Path, second: Path) -> bool:
     return True
 
 
-def measure(output: Path, epochs: int | None, results: Path, comparisons: list[str]) -> dict[str, Any]:
-    """Run the named comparisons' settings in turn, writing the results after each.
+def measure(
+    output: Path, epochs: int | None, results: Path, groups: list[str], against: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run the named groups' settings in turn (:data:`GROUPS`), writing the results after each.
 
     ``lmc run`` resumes a finished setting: its wall time is then the one an earlier call recorded
     in ``results`` (None where none did), and the settings of earlier calls stay in the table.
+    ``against``: another processor's results file (:func:`summarize`'s), compared with this one.
     """
     path = results.with_suffix(".json")
     previous = json.loads(path.read_text()) if path.is_file() else {}
     runs: dict[str, Any] = previous.get("runs", {}) if previous.get("epochs") == epochs else {}
-    for name in [setting for comparison in comparisons for setting in COMPARISONS[comparison]]:
+    for name in dict.fromkeys(setting for group in groups for setting in GROUPS[group]):
         environment = SETTINGS[name]
         folder = output / name.replace(", ", "_").replace(" ", "_")
         finished = all((folder / label / "summary.json").is_file() for label in demo.EXPERIMENTS)
@@ -98,32 +111,45 @@ def measure(output: Path, epochs: int | None, results: Path, comparisons: list[s
             },
             "pairs": {row["label"]: len(row["summary"]["pairs"]) for row in rows},
         }
-        result = summarize(runs, epochs)
+        result = summarize(runs, epochs, against)
         atomic_write_json(path, result)
         atomic_write_text(results.with_suffix(".md"), report(result))
     return result
 
 
-def summarize(runs: dict[str, Any], epochs: int | None) -> dict[str, Any]:
-    """The settings run so far, and the comparisons of those whose two settings both ran."""
+def _shifts(x: dict[str, Any], y: dict[str, Any]) -> dict[str, Any]:
+    """Per encoding, how far two runs' mean ratios are apart, in points and in the larger spread over pairs."""
+    shifts = {}
+    for label in demo.EXPERIMENTS:
+        a, b = x["ratio"][label], y["ratio"][label]
+        shift = abs(a["mean"] - b["mean"])
+        shifts[label] = {"shift": shift, "shift_in_spreads": shift / max(a["std"], b["std"])}
+    return shifts
+
+
+def summarize(runs: dict[str, Any], epochs: int | None, against: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings run so far, and the comparisons of those whose two settings both ran; with
+    ``against`` (another machine's results), also this processor's free run against that one's."""
     comparisons = []
     for a, b in COMPARISONS.values():
         if a not in runs or b not in runs:
             continue
-        entry = {
-            "settings": [a, b],
-            "identical_weights": _same_weights(Path(runs[a]["folder"]), Path(runs[b]["folder"])),
-        }
-        for label in demo.EXPERIMENTS:
-            x, y = runs[a]["ratio"][label], runs[b]["ratio"][label]
-            spread = max(x["std"], y["std"])
-            entry[label] = {
-                "shift": abs(x["mean"] - y["mean"]),
-                "shift_in_spreads": abs(x["mean"] - y["mean"]) / spread,
-            }
-        comparisons.append(entry)
+        identical = _same_weights(Path(runs[a]["folder"]), Path(runs[b]["folder"]))
+        comparisons.append({"settings": [a, b], "identical_weights": identical, **_shifts(runs[a], runs[b])})
+    here = processor_name()
+    if against is not None and HERE in runs:
+        if against.get("epochs") != epochs or HERE not in against.get("runs", {}):
+            raise ValueError(
+                f"the results to compare against hold no '{HERE}' run with epochs={epochs}: pass a results file "
+                "of this script run with the same --epochs on the other machine"
+            )
+        there = against["machine"]["processor"]
+        settings = [f"free, {here}", f"free, {there}"]  # another machine's checkpoints are not here to compare
+        comparisons.append(
+            {"settings": settings, "identical_weights": None, **_shifts(runs[HERE], against["runs"][HERE])}
+        )
     return {
-        "machine": {"processor": processor_name(), "cores": os.cpu_count(), "torch": torch.__version__},
+        "machine": {"processor": here, "cores": os.cpu_count(), "torch": torch.__version__},
         "threads_per_run": 1,
         "epochs": epochs,
         "runs": runs,
@@ -159,9 +185,13 @@ def report(result: dict[str, Any]) -> str:
         ]
         lines.append(
             f"| {entry['settings'][0]} vs {entry['settings'][1]} | {' | '.join(cells)} "
-            f"| {'yes, bit for bit' if entry['identical_weights'] else 'no'} |"
+            f"| {_same(entry['identical_weights'])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _same(identical: bool | None) -> str:
+    return "n/a (two machines)" if identical is None else "yes, bit for bit" if identical else "no"
 
 
 def main() -> None:
@@ -170,10 +200,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="epochs per phase (default: the main job's)")
     parser.add_argument("--results", type=Path, default=Path("benchmarks/results/demo_processors"))
     parser.add_argument(
-        "--settings", nargs="+", choices=list(COMPARISONS), default=list(COMPARISONS), help="the comparisons to run"
+        "--settings", nargs="+", choices=list(GROUPS), default=list(COMPARISONS), help="the comparisons to run"
     )
+    parser.add_argument("--against", type=Path, help="this script's results file (.json) from another processor")
     args = parser.parse_args()
-    print(report(measure(args.output, args.epochs, args.results, args.settings)))
+    against = None
+    if args.against is not None:
+        if not args.against.is_file():
+            raise SystemExit(f"--against {args.against} does not exist: pass the .json this script wrote elsewhere")
+        against = json.loads(args.against.read_text())
+    print(report(measure(args.output, args.epochs, args.results, args.settings, against)))
 
 
 if __name__ == "__main__":

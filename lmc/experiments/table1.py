@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lmc.connectivity import NO_BARRIER
 from lmc.connectivity.interpolation import (
     BARRIER_METRICS,
     CLUSTER_SAMPLES,
@@ -63,7 +64,8 @@ def rank_and_l_hat(order_barriers: dict[str, float], chosen: str, method: float,
 
 def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
     """Per alignment: its Stage 1 order's rank among all head orders of the first attention layer,
-    ``L_hat`` for the loss and accuracy barriers, mean and spread over pairs (the paper's Table 1), and
+    ``L_hat`` for the loss and accuracy barriers (NaN for a pair whose naive barrier is below
+    :data:`~lmc.connectivity.NO_BARRIER`, as its ratio), mean and spread over pairs (the paper's Table 1), and
     where measured (:func:`head_order_noise`) its gap to the best order, whether that gap exceeds the
     evaluation noise (``ties``: the pairs where it does not) and its rank within the noise."""
     first = next(iter(pairs.values()))[HEAD_ORDERS]
@@ -83,6 +85,8 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
             for name in ("loss_barrier", "accuracy_barrier"):
                 barriers = {order: r["curves"]["aligned"][name] for order, r in orders.items()}
                 rank, l_hat = rank_and_l_hat(barriers, chosen, method[name], naive[name])
+                if naive[name] < NO_BARRIER[name]:  # nothing to remove: left out of L_hat, as of the ratios
+                    l_hat = math.nan
                 entry[name] = {
                     "rank": rank,
                     "l_hat": l_hat,
@@ -362,7 +366,8 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         "query head with its key/value head (`orders`: 4! = 24 for 4 heads, 8 for 4 query heads on 2 key/value "
         "heads), each followed by the full Stage 2, on "
         + order_alphas_text(runs)
-        + "; `L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100`, and the "
+        + "; `L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100` (a pair without a naive barrier is left "
+        "out of it as of the ratios, and a cell over fewer pairs says so), and the "
         "aligned barrier as % of the naive one for each variant (loss barrier; accuracy in the "
         f"second table). Against the noise of the evaluation data (bootstrap draws of its samples, in clusters of "
         f"{CLUSTER_SAMPLES} consecutive ones): `within "

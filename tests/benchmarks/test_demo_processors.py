@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import demo_processors
 
 
@@ -30,3 +32,23 @@ def test_the_shift_is_the_gap_of_the_means_over_the_larger_spread(tmp_path):
         in text
     )
     assert "10.0 points (0.50 spreads)" in text and "11.0 points (0.50 spreads)" in text
+
+
+def test_another_machines_results_are_compared_with_this_processors_free_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo_processors, "processor_name", lambda: "AMD EPYC")
+    there = {
+        "machine": {"processor": "Intel(R) Xeon(R) Processor"},
+        "epochs": None,
+        "runs": {"free, this processor": _run("elsewhere", (26.0, 10.0), (51.0, 22.0), 364.0)},
+    }
+    here = {"free, this processor": _run(str(tmp_path / "a"), (30.0, 8.0), (40.0, 11.0), 400.0)}
+    result = demo_processors.summarize(here, epochs=None, against=there)
+    (comparison,) = result["comparisons"]
+    assert comparison["settings"] == ["free, AMD EPYC", "free, Intel(R) Xeon(R) Processor"]
+    assert comparison["APE"] == {"shift": 4.0, "shift_in_spreads": 4.0 / 10.0}
+    assert comparison["RoPE"] == {"shift": 11.0, "shift_in_spreads": 11.0 / 22.0}
+    text = demo_processors.report(json.loads(json.dumps(result)))
+    assert "| free, AMD EPYC vs free, Intel(R) Xeon(R) Processor | 4.0 points (0.40 spreads) " in text
+    assert text.rstrip().endswith("| n/a (two machines) |")
+    with pytest.raises(ValueError, match="no 'free, this processor' run with epochs=3"):
+        demo_processors.summarize(here, epochs=3, against=there)

@@ -383,6 +383,36 @@ def test_rank_and_l_hat_by_hand():
     assert math.isnan(rank_and_l_hat(barriers, "0123", method=0.3, naive=0.1)[1])  # naive below L_top1
 
 
+def test_l_hat_leaves_out_a_pair_without_a_naive_barrier_as_the_ratios_do():
+    alphas = [0.0, 0.5, 1.0]
+
+    def curve(middle_loss: float, middle_accuracy: float) -> dict:
+        points = [{"alpha": a, "loss": 1.0, "accuracy": 0.8} for a in alphas]
+        points[1] = {"alpha": 0.5, "loss": middle_loss, "accuracy": middle_accuracy}
+        return {"points": points, **barriers(points)}
+
+    def order(loss_barrier: float, accuracy_barrier: float) -> dict:
+        return {"settings": {"alphas": alphas}, "curves": {"aligned": {"loss_barrier": loss_barrier,
+                "accuracy_barrier": accuracy_barrier}}}  # fmt: skip
+
+    pairs = {}
+    # the naive accuracy barrier of pair 0_2 is 0.005, below NO_BARRIER's 0.01 but above the best order's 0.001
+    for (i, j), naive_accuracy in (((0, 1), 0.5), ((0, 2), 0.795)):
+        full = {
+            "alignment": {"layers": [{"kind": "attention", "assignment": [1, 0]}]},
+            "curves": {"aligned": curve(1.2, 0.79), "naive": curve(2.0, naive_accuracy)},
+        }
+        pairs[(i, j)] = {"full": full, "head_orders": {"01": order(0.1, 0.001), "10": order(0.2, 0.01)}}
+    study = lmc.experiments.table1.summarize_head_orders(pairs, ["full"])
+    per_pair = study["alignments"]["full"]["per_pair"]
+    # loss: (0.2 - 0.1) / (1.0 - 0.1) in both pairs; accuracy: (0.01 - 0.001) / (0.3 - 0.001) in 0_1 only
+    assert [e["loss_barrier"]["l_hat"] for e in per_pair.values()] == [pytest.approx(100 * 0.1 / 0.9)] * 2
+    assert per_pair["0_1"]["accuracy_barrier"]["l_hat"] == pytest.approx(100 * 0.009 / 0.299, rel=1e-12)
+    assert math.isnan(per_pair["0_2"]["accuracy_barrier"]["l_hat"])
+    assert study["alignments"]["full"]["accuracy_barrier"]["l_hat"]["count"] == 1
+    assert [e["accuracy_barrier"]["rank"] for e in per_pair.values()] == [2, 2]  # ranks stay
+
+
 def test_head_order_noise_tells_orders_apart_only_beyond_the_evaluation_noise(tmp_path):
     alphas = [0.0, 0.5, 1.0]
     middles = {"012": [15.0] * 6, "021": [10.0, 21.0] * 3, "102": [25.0] * 6}  # loss sums of 6 clusters of 10
