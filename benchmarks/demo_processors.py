@@ -127,6 +127,20 @@ def _shifts(x: dict[str, Any], y: dict[str, Any]) -> dict[str, Any]:
     return shifts
 
 
+def check_against(against: Any, epochs: int | None) -> None:
+    """Refuse another machine's results that hold no free run of this demo (``--epochs`` included)."""
+    if (
+        not isinstance(against, dict)
+        or against.get("epochs") != epochs
+        or HERE not in against.get("runs", {})
+        or "processor" not in against.get("machine", {})
+    ):
+        raise ValueError(
+            f"the results to compare against hold no '{HERE}' run with epochs={epochs}: pass a results file "
+            "of this script run with the same --epochs on the other machine"
+        )
+
+
 def summarize(runs: dict[str, Any], epochs: int | None, against: dict[str, Any] | None = None) -> dict[str, Any]:
     """The settings run so far, and the comparisons of those whose two settings both ran; with
     ``against`` (another machine's results), also this processor's free run against that one's."""
@@ -138,11 +152,7 @@ def summarize(runs: dict[str, Any], epochs: int | None, against: dict[str, Any] 
         comparisons.append({"settings": [a, b], "identical_weights": identical, **_shifts(runs[a], runs[b])})
     here = processor_name()
     if against is not None and HERE in runs:
-        if against.get("epochs") != epochs or HERE not in against.get("runs", {}):
-            raise ValueError(
-                f"the results to compare against hold no '{HERE}' run with epochs={epochs}: pass a results file "
-                "of this script run with the same --epochs on the other machine"
-            )
+        check_against(against, epochs)
         there = against["machine"]["processor"]
         settings = [f"free, {here}", f"free, {there}"]  # another machine's checkpoints are not here to compare
         comparisons.append(
@@ -208,7 +218,16 @@ def main() -> None:
     if args.against is not None:
         if not args.against.is_file():
             raise SystemExit(f"--against {args.against} does not exist: pass the .json this script wrote elsewhere")
-        against = json.loads(args.against.read_text())
+        try:  # before any demo runs: a wrong file is one line, not minutes of work lost
+            against = json.loads(args.against.read_text())
+        except ValueError as error:
+            raise SystemExit(
+                f"--against {args.against} is not this script's results file (not JSON: {error})"
+            ) from None
+        try:
+            check_against(against, args.epochs)
+        except ValueError as error:
+            raise SystemExit(f"--against {args.against}: {error}") from None
     print(report(measure(args.output, args.epochs, args.results, args.settings, against)))
 
 

@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--name", required=True, help="the family's name in the result files")
     args = parser.parse_args()
     seeds = sorted(args.run.glob("seed*/final.ckpt"), key=lambda p: int(p.parent.name[4:]))
-    pairs = sorted(p for p in (args.run / "pairs").iterdir() if (p / "orders").is_dir())
+    pairs = sorted(p for p in (args.run / "pairs").glob("*_*") if (p / "orders").is_dir())
     if len(seeds) < 2 or not pairs:
         raise SystemExit(f"{args.run} holds no finished Table 1 pairs (seed<k>/final.ckpt, pairs/<i>_<j>/orders)")
     models = [load_trained(path)[0].eval().model for path in seeds]
