@@ -29,8 +29,9 @@ import torch
 from lmc.adapters import model_spec
 from lmc.experiments.spread import cell, spread
 from lmc.io import atomic_write_json, atomic_write_text
+from lmc.matching import AlignOptions
 from lmc.matching.grams import LayerGrams
-from lmc.matching.heads import invariant_products
+from lmc.matching.heads import head_cost, invariant_products, invariant_terms
 from lmc.training.module import load_trained
 
 RESULTS = Path(__file__).parent / "results" / "stage1_terms"
@@ -39,16 +40,11 @@ TERMS = ("qk", "vo", "total", "balanced")
 
 def term_costs(source: torch.nn.Module, target: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The first attention layer's invariant cost per term, ``(h, h)``: source head ``i`` on target head ``j``;
-    ``total`` is the matcher's, ``balanced`` the two terms each divided by its heads' mean squared norm."""
+    ``total`` is the matcher's ``invariant`` cost, ``balanced`` its ``metric="balanced"``."""
     layer = model_spec(target).attention[0]
     grams = LayerGrams.compute(dict(source.named_parameters()), dict(target.named_parameters()), layer)
-    p = invariant_products(grams, layer.queries_per_kv)
-    qk = p["qk_source"][:, None] + p["qk_target"][None, :] - 2 * p["qk_cross"]
-    vo = p["vo_source"][:, None] + p["vo_target"][None, :] - 2 * p["vo_cross"]
-    # each term in units of its heads' mean squared norm (||M_i||^2, ||N_i||^2 over both models)
-    qk_scale = (p["qk_source"].mean() + p["qk_target"].mean()) / 2
-    vo_scale = (p["vo_source"].mean() + p["vo_target"].mean()) / 2
-    return {"qk": qk, "vo": vo, "total": qk + vo, "balanced": qk / qk_scale + vo / vo_scale}
+    qk, vo = invariant_terms(invariant_products(grams, layer.queries_per_kv))
+    return {"qk": qk, "vo": vo, "total": qk + vo, "balanced": head_cost(grams, layer, AlignOptions(metric="balanced"))}
 
 
 def order_cost(cost: torch.Tensor, order: str) -> float:

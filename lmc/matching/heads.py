@@ -60,6 +60,9 @@ def head_cost(
 
     Metrics (``options.metric``):
         ``invariant``: ``||M_i - M_j'||^2 + ||N_i - N_j'||^2`` (group-invariant products).
+        ``balanced``: the same two terms, each divided by its heads' mean squared norm over both
+            models: ``M`` (attention logits) and ``N`` (what the heads add to the residual stream)
+            are in different units, and on the language models the first term is ~200x the second.
         ``weight``: the squared weight distance left after Stage 2 for each candidate pair
             (:func:`~lmc.matching.stage2.solve_stage2` with ``options``); with GQA the pair's own
             query head and its KV head stand for the group.
@@ -80,9 +83,10 @@ def head_cost(
     if options.metric == "weight":
         return _pairwise_stage2_distance(grams, spec, options)
     p = invariant_products(grams, spec.queries_per_kv)
-    if options.metric == "invariant":
-        qk = p["qk_source"][:, None] + p["qk_target"][None, :] - 2 * p["qk_cross"]
-        vo = p["vo_source"][:, None] + p["vo_target"][None, :] - 2 * p["vo_cross"]
+    if options.metric in ("invariant", "balanced"):
+        qk, vo = invariant_terms(p)
+        if options.metric == "balanced":
+            return qk / _mean_square(p, "qk") + vo / _mean_square(p, "vo")
         return qk + vo
     qk = _cosine(p["qk_cross"], p["qk_source"], p["qk_target"])
     if options.metric == "correlation":
@@ -90,6 +94,21 @@ def head_cost(
     if head_outputs is None:
         raise ValueError("the activation metric needs the moments of the heads' outputs (head_outputs)")
     return -(qk + _cosine(*output_products(grams, head_outputs, spec.head_dim)))
+
+
+def invariant_terms(products: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two terms of the ``invariant`` cost from :func:`invariant_products`: ``||M_i - M_j'||^2``
+    and ``||N_i - N_j'||^2``, each ``(h, h)`` (source query head ``i``, target query head ``j``)."""
+    qk = products["qk_source"][:, None] + products["qk_target"][None, :] - 2 * products["qk_cross"]
+    vo = products["vo_source"][:, None] + products["vo_target"][None, :] - 2 * products["vo_cross"]
+    return qk, vo
+
+
+def _mean_square(products: dict[str, torch.Tensor], term: str) -> torch.Tensor:
+    """The heads' mean squared norm of one invariant (``||M_i||^2`` or ``||N_i||^2``) over both models:
+    the unit of its term in the ``balanced`` cost (a term of zero heads stays zero)."""
+    mean = (products[f"{term}_source"].mean() + products[f"{term}_target"].mean()) / 2
+    return mean.clamp_min(torch.finfo(mean.dtype).tiny)
 
 
 def _cosine(cross: torch.Tensor, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

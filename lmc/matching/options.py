@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 Method = Literal["naive", "permutation", "orthogonal", "full", "learned"]
-Metric = Literal["invariant", "weight", "correlation", "activation", "midpoint"]
+Metric = Literal["invariant", "weight", "correlation", "activation", "midpoint", "balanced"]
 Objective = Literal["weight", "data"]
 UnitMatching = Literal["weight", "activation"]
 METHODS: tuple[str, ...] = get_args(Method)
@@ -40,7 +40,8 @@ class AlignOptions:
 
     metric: Metric = "invariant"
     """Stage 1 head cost: ``invariant`` (distances of the group-invariant products ``Q K^T`` and
-    ``V O``), ``weight`` (the weight distance left after Stage 2 for each candidate pair) or
+    ``V O``), ``balanced`` (those two distances, each in units of its heads' mean squared norm),
+    ``weight`` (the weight distance left after Stage 2 for each candidate pair) or
     ``correlation`` (cosine similarities of the invariant products) or ``activation`` (cosine
     similarities of each head's output through ``W_O`` on the calibration batches, plus those of its
     attention logits, ``x_m W_Q W_K^T x_n^T`` over calibration tokens; needs a calibration) or
