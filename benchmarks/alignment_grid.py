@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks.run_files import pair_result
 from lmc.connectivity import NO_BARRIER
 from lmc.connectivity.interpolation import evenly_spaced
 from lmc.experiments.table1 import barriers_at
@@ -33,7 +33,7 @@ def ratio_changes(run: Path) -> dict[str, list[float]]:
     """Alignment label -> the change of each pair's loss ratio (points of %) from 25 alphas to 13."""
     changes: dict[str, list[float]] = {}
     for result_file in sorted(run.glob("pairs/*/*/lmc_results.json")):
-        (result,) = json.loads(result_file.read_text())["references"].values()
+        result = pair_result(result_file.parent)
         if len(result["settings"]["alphas"]) != WHOLE:
             continue
         ratios = []

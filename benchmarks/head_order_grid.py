@@ -14,11 +14,11 @@ alphas 0, 0.5 and 1). Nothing is evaluated: the run's stored points are read.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks.run_files import pair_result
 from lmc.connectivity.interpolation import evenly_spaced
 from lmc.experiments.table1 import barriers_at, picked_orders, rank_and_l_hat
 from lmc.io import atomic_write_json, atomic_write_text
@@ -27,15 +27,10 @@ RESULTS = Path(__file__).parent / "results" / "head_order_grid"
 GRIDS = (25, 13, 9)
 
 
-def _result(folder: Path) -> dict[str, Any]:
-    (reference,) = json.loads((folder / "lmc_results.json").read_text())["references"].values()
-    return reference
-
-
 def pair_ranks(pair: Path, grid: list[float]) -> dict[str, tuple[int, float]]:
     """Alignment label -> (rank, L_hat of the loss barrier) of one pair, every barrier read on ``grid``."""
-    results = {p.name: _result(p) for p in pair.iterdir() if (p / "lmc_results.json").is_file()}
-    orders = {p.name: _result(p) for p in (pair / "orders").iterdir() if (p / "lmc_results.json").is_file()}
+    results = {p.name: pair_result(p) for p in pair.iterdir() if (p / "lmc_results.json").is_file()}
+    orders = {p.name: pair_result(p) for p in (pair / "orders").iterdir() if (p / "lmc_results.json").is_file()}
     whole = max(len(r["settings"]["alphas"]) for r in orders.values())
     if whole != GRIDS[0]:
         raise SystemExit(f"{pair}: its head orders were swept at {whole} alphas; this needs a run at {GRIDS[0]}")

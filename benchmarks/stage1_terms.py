@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 
+from benchmarks.run_files import pair_result
 from lmc.adapters import model_spec
 from lmc.experiments.spread import cell, spread
+from lmc.experiments.table1 import order_grid
 from lmc.io import atomic_write_json, atomic_write_text
 from lmc.matching import AlignOptions
 from lmc.matching.grams import LayerGrams
@@ -86,18 +88,14 @@ def measure_pair(costs: dict[str, torch.Tensor], whole: dict[str, float], bounds
 
 def _barriers(pair: Path) -> tuple[dict[str, float], dict[str, float]]:
     """The loss barrier of each whole-curve head order of a pair, and the screening bound of the others."""
-    curves = {}
-    for result_file in (pair / "orders").glob("*/lmc_results.json"):
-        (curves[result_file.parent.name],) = json.loads(result_file.read_text())["references"].values()
-    alphas = max(len(result["settings"]["alphas"]) for result in curves.values())
-    whole = {
-        o: r["curves"]["aligned"]["loss_barrier"] for o, r in curves.items() if len(r["settings"]["alphas"]) == alphas
+    orders = {folder.name: pair_result(folder) for folder in (pair / "orders").glob("*") if folder.name != "screening"}
+    grid = order_grid(orders)
+    whole = {o: r["curves"]["aligned"]["loss_barrier"] for o, r in orders.items() if r["settings"]["alphas"] == grid}
+    bounds = {
+        folder.name: pair_result(folder)["curves"]["aligned"]["loss_barrier"]
+        for folder in (pair / "orders" / "screening").glob("*")
+        if folder.name not in whole
     }
-    bounds = {}
-    for result_file in (pair / "orders" / "screening").glob("*/lmc_results.json"):
-        if result_file.parent.name not in whole:
-            (result,) = json.loads(result_file.read_text())["references"].values()
-            bounds[result_file.parent.name] = result["curves"]["aligned"]["loss_barrier"]
     return whole, bounds
 
 

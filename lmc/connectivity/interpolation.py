@@ -87,8 +87,10 @@ def recorded_cluster_sums(
     path = Path(state_path)
     if not path.is_file():
         return None
-    store = SweepStore.open(path, json.loads(path.read_text()).get("key"))
-    return store.cluster_sums(curve, alphas)
+    saved = json.loads(path.read_text())
+    if saved.get("format") != SweepStore.FORMAT:  # another layout: its points are not named by alpha
+        return None
+    return SweepStore(path, saved["key"], saved["points"], saved.get("clusters", {})).cluster_sums(curve, alphas)
 
 
 def bootstrap_barriers(
