@@ -182,6 +182,7 @@ def measure_full_floor(source: str, target: str) -> dict:
     from lmc.formats.streamed import open_folder, skeleton
     from lmc.matching.grams import LayerGrams
     from lmc.matching.permutation import axis_correlation
+    from lmc.symmetry import compute_dtype
 
     model = skeleton(source)
     spec = model_spec(model)
@@ -199,7 +200,9 @@ def measure_full_floor(source: str, target: str) -> dict:
         source_part, target_part = ({n: c[n] for n in names} for c in checkpoints)
         if block is not None:
             LayerGrams.compute(source_part, target_part, block.attention)
-            axis_correlation(source_part, target_part, block.feed_forward.hidden)
+            hidden = block.feed_forward.hidden
+            dtype = compute_dtype(source_part[hidden.axes[0][0]].dtype)  # as the descent's unit correlations
+            axis_correlation(source_part, target_part, hidden, dtype)
         axes = tuple(pair for name in names for pair in residual.get(name, []))
         axis_correlation(source_part, target_part, dataclasses.replace(spec.residual, axes=axes))
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss()}

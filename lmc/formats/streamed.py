@@ -11,9 +11,9 @@ the layout comes from the model's adapter, the model built with its parameters o
 device (:func:`skeleton`).
 
 Peak memory stays near one layer pair plus one chunk of a tensor being copied (at ``full_model``, plus
-the largest FFN's float64 correlation): a tensor whose rows no symmetry moves, such as an embedding
-or an LM head, is read, moved, correlated and measured a block of rows at a time
-(:func:`~lmc.matching.permutation.row_blocks`), never whole. Each output
+the largest FFN's correlation, float32 for bf16 or float32 weights): a tensor whose rows no symmetry
+moves, such as an embedding or an LM head, is read, moved, correlated and measured a block of rows at
+a time (:func:`~lmc.matching.permutation.row_blocks`), never whole. Each output
 shard is written through a stream (its header is the source shard's: aligning changes no name,
 shape or dtype). The output folder is written under a temporary name and renamed into place when
 complete (:func:`~lmc.io.atomic_output_folder`): never half-written, never over an input.
@@ -384,7 +384,7 @@ class _StreamedDescent(WeightDescent):
         residual = None
         if spec.residual is not None:
             rest = tuple((name, axis) for name, axis in residual_axes if name not in held)
-            residual = self.correlation(spec.residual, rest)
+            residual = self.residual_correlation(rest)
         for index, names in blocks:
             if not names:
                 continue
@@ -395,7 +395,7 @@ class _StreamedDescent(WeightDescent):
                     changed |= self.permute_heads(index)
                 if residual is not None:
                     axes = tuple((name, axis) for name, axis in residual_axes if name in names)
-                    residual += self.correlation(spec.residual, axes)
+                    residual += self.residual_correlation(axes)
         if residual is not None:
             changed |= self.permute_residual(residual)
         return changed
@@ -471,6 +471,7 @@ def _pieces(
             check_finite("source", name, piece)
         aligned = blocks.aligned.moved({name: piece})[name] if name in blocks.moved else piece
         yield piece, aligned, target.rows(name, start, stop)
+        del piece, aligned  # before the next piece is read, so that one piece of each is held at a time
 
 
 def _write(
@@ -512,6 +513,8 @@ def _write(
                     for key, handle in handles.items():
                         merged = aligned if key is None or same_ends else interpolate(target_piece, aligned, key)
                         write_tensor(handle, merged)
+                        del merged
+                    del source_piece, aligned, target_piece  # before the next piece is read (see _pieces)
         finally:
             for handle in handles.values():
                 handle.close()

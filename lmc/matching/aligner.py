@@ -33,7 +33,7 @@ from lmc.matching.midpoint import midpoint_cost
 from lmc.matching.permutation import axis_correlation, best_permutation
 from lmc.matching.results import AlignmentError, AlignmentReport, LayerAlignment
 from lmc.matching.stage2 import attention_stages
-from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec
+from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec, compute_dtype
 
 
 class WeightDescent:
@@ -117,9 +117,16 @@ class WeightDescent:
         record.kv_assignment = torch.argsort(overall.kv_permutation).tolist()
         self.report.layers.append(record)
 
-    def correlation(self, permutation: AxisPermutation, axes) -> torch.Tensor:
-        """Weight correlation ``(size, size)`` of ``permutation`'s units over ``axes`` (:func:`axis_correlation`)."""
-        return axis_correlation(self.parameters, self.target, dataclasses.replace(permutation, axes=tuple(axes)))
+    def residual_correlation(self, axes) -> torch.Tensor:
+        """Weight correlation ``(d, d)`` of the residual stream over ``axes`` (:func:`axis_correlation`), in
+        float64: it adds up products over most of the model's tensors."""
+        residual = dataclasses.replace(self.spec.residual, axes=tuple(axes))
+        return axis_correlation(self.parameters, self.target, residual)
+
+    def unit_correlation(self, permutation: AxisPermutation) -> torch.Tensor:
+        """Weight correlation ``(size, size)`` of a unit permutation (an FFN's, a task head's, the tokens') over its
+        own few tensors, in the weights' compute dtype (:func:`axis_correlation`)."""
+        return axis_correlation(self.parameters, self.target, permutation, compute_dtype(self.dtype))
 
     def best_permutation(self, permutation: AxisPermutation, correlation: torch.Tensor) -> torch.Tensor | None:
         """The permutation of ``permutation``'s units maximizing their summed ``correlation`` ``(size, size)``
@@ -129,21 +136,21 @@ class WeightDescent:
 
     def permute_feed_forward(self, index: int) -> bool:
         hidden = self.spec.blocks[index].feed_forward.hidden
-        perm = self.best_permutation(hidden, self.correlation(hidden, hidden.axes))
+        perm = self.best_permutation(hidden, self.unit_correlation(hidden))
         if perm is not None:
             self.apply(ModelTransform(feed_forward={index: perm}))
         return perm is not None
 
     def permute_task_head(self, index: int) -> bool:
         hidden = self.spec.task_heads[index]
-        perm = self.best_permutation(hidden, self.correlation(hidden, hidden.axes))
+        perm = self.best_permutation(hidden, self.unit_correlation(hidden))
         if perm is not None:
             self.apply(ModelTransform(task_heads={index: perm}))
         return perm is not None
 
     def permute_tokens(self) -> bool:
         tokens = self.spec.tokens
-        perm = self.best_permutation(tokens, self.correlation(tokens, tokens.axes))
+        perm = self.best_permutation(tokens, self.unit_correlation(tokens))
         if perm is not None:
             self.apply(ModelTransform(tokens=perm))
         return perm is not None
@@ -171,7 +178,7 @@ class WeightDescent:
         for index in attention:
             changed |= self.permute_heads(index)
         if spec.residual is not None:
-            changed |= self.permute_residual(self.correlation(spec.residual, residual_axes))
+            changed |= self.permute_residual(self.residual_correlation(residual_axes))
         return changed
 
     def record_tokens(self, seconds: float) -> None:
@@ -379,7 +386,7 @@ def coordinate_descent(
     start = time.perf_counter()
     anchors, through_hidden = residual_axes(spec) if spec.residual is not None else ([], [])
     if spec.residual is not None:
-        aligner.permute_residual(aligner.correlation(spec.residual, anchors))
+        aligner.permute_residual(aligner.residual_correlation(anchors))
     for _ in range(aligner.options.max_iterations):
         if not aligner.descent_round(spec, attention, feed_forward, anchors + through_hidden):
             break

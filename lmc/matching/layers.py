@@ -19,7 +19,15 @@ from lmc.matching.options import AlignOptions
 from lmc.matching.permutation import axis_correlation, best_permutation, row_blocks, squared_distance
 from lmc.matching.results import AlignmentError, LayerAlignment
 from lmc.matching.stage2 import attention_stages, stage_distances
-from lmc.symmetry import AttentionSpec, AttentionTransform, AxisPermutation, ModelTransform, SymmetrySpec, head_rows
+from lmc.symmetry import (
+    AttentionSpec,
+    AttentionTransform,
+    AxisPermutation,
+    ModelTransform,
+    SymmetrySpec,
+    compute_dtype,
+    head_rows,
+)
 
 
 def stacked_copies(correlation: torch.Tensor, size: int) -> torch.Tensor:
@@ -173,7 +181,8 @@ def match_units(
         ``perm`` ``(size,)``: source unit ``perm[k]`` goes to position ``k``.
     """
     dtype = next(iter(source[name] for name, _ in permutation.axes)).dtype
-    return correlated_units(axis_correlation(source, target, permutation), permutation, dtype)
+    correlation = axis_correlation(source, target, permutation, compute_dtype(dtype))
+    return correlated_units(correlation, permutation, dtype)
 
 
 def correlated_units(correlation: torch.Tensor, permutation: AxisPermutation, dtype: torch.dtype) -> torch.Tensor:

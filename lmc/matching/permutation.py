@@ -25,10 +25,15 @@ CHUNK_ENTRIES = 1 << 22
 
 
 def squared_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``sum((a - b) ** 2)``, the difference in the stored dtype and its square in float64, at most
-    :data:`CHUNK_ENTRIES` entries at a time (no float64 copy of a large tensor)."""
+    """``sum((a - b) ** 2)``, the difference in the stored dtype and its square in float64, an eighth of
+    :data:`CHUNK_ENTRIES` entries at a time (a 4 MB float64 difference: the distances run on the pieces
+    the write pass holds, so no temporary outgrows them), its square summed as a dot product."""
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-    return sum(float((x - y).double().pow(2).sum()) for x, y in zip(a.split(CHUNK_ENTRIES), b.split(CHUNK_ENTRIES)))
+    total, entries = 0.0, max(1, CHUNK_ENTRIES // 8)
+    for x, y in zip(a.split(entries), b.split(entries)):
+        difference = (x - y).double()
+        total += float(difference @ difference)
+    return total
 
 
 def block_rows(shape: tuple[int, ...] | torch.Size) -> int:
@@ -59,7 +64,10 @@ def blocks_of(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def axis_correlation(
-    source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], permutation: AxisPermutation
+    source: Mapping[str, torch.Tensor],
+    target: Mapping[str, torch.Tensor],
+    permutation: AxisPermutation,
+    dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """``S[a, b] = sum over (parameter, axis) of <slice a of source, slice b of target>``, ``(size, size)``.
 
@@ -68,11 +76,21 @@ def axis_correlation(
     sub-range are left out. A tensor permuted along another axis than its first is read a block of rows
     at a time (:func:`row_blocks`). Each product runs in :func:`~lmc.symmetry.compute_dtype` of the
     parameter's dtype, over at most :data:`CHUNK_ENTRIES` entries of each at a time, and each product is
-    added into the float64 matrix a block of rows at a time, so that no temporary of the matrix's size is
-    made beside it (the float64 matrix of an 8B model's 14,336 FFN units is 1.6 GB).
+    added into the matrix a block of rows at a time, so that no temporary of the matrix's size is made
+    beside it.
+
+    Args:
+        source, target: Parameters holding (at least) the tensors of ``permutation.axes``, by name.
+        permutation: The units and the axes that carry them.
+        dtype: The matrix's, which the products add up in. float64 (the default) for a sum over many
+            tensors, such as the residual stream's over a whole model; a unit permutation's few tensors
+            (an FFN's three) may add up in their :func:`~lmc.symmetry.compute_dtype`: float32 for
+            float32 or bf16 weights, whose products are float32 sums already, so the matrix's entries
+            keep about the products' precision (a few dozen more float32 roundings, one per piece of
+            columns), while an 8B model's 14,336 FFN units take 822 MB instead of 1.64 GB.
     """
     size = permutation.size
-    correlation = torch.zeros(size, size, dtype=torch.float64)
+    correlation = torch.zeros(size, size, dtype=dtype)
     step = max(1, CHUNK_ENTRIES // size)  # columns of a piece, and rows of a block of the product
     for name, axis in permutation.axes:
         if axis == 0:
@@ -115,7 +133,9 @@ def best_permutation(correlation: torch.Tensor) -> torch.Tensor:
     proven optimal on the whole matrix (:func:`certified_sparse_assignment`), else (or when that proof
     is not reached) by scipy's dense solver (:func:`dense_assignment`). Either way the objective is the
     optimum; with ties in the optimum the two may return different permutations of the same objective.
-    The caller's matrix ends bit for bit as it was.
+    The caller's matrix ends bit for bit as it was. A float32 or float64 matrix on the CPU is read as it
+    is by the sparse solve (a float32 one is never copied whole to float64 there: 822 MB more at 14,336
+    units); the dense solve, which scipy runs in float64, copies any other.
 
     Args:
         correlation: ``S`` ``(n, n)``, finite.
@@ -124,7 +144,8 @@ def best_permutation(correlation: torch.Tensor) -> torch.Tensor:
         ``perm`` ``(n,)``.
     """
     if len(correlation) >= SPARSE_FROM:
-        matrix = correlation.to("cpu", torch.float64).contiguous()  # no copy of a float64 contiguous CPU matrix
+        dtype = correlation.dtype if correlation.dtype in (torch.float32, torch.float64) else torch.float64
+        matrix = correlation.to("cpu", dtype).contiguous()  # no copy of a contiguous CPU matrix of either
         found = certified_sparse_assignment(matrix)
         if found is not None:
             perm = torch.empty(len(found), dtype=torch.long)
@@ -178,8 +199,9 @@ def certified_sparse_assignment(correlation: torch.Tensor) -> np.ndarray | None:
     the solve repeats, at most :data:`SPARSE_PASSES` times.
 
     Args:
-        correlation: ``S`` ``(n, n)``, float64, contiguous, on the CPU; read only, a block of rows at a time
-            (no temporary of its size).
+        correlation: ``S`` ``(n, n)``, float64 or float32, contiguous, on the CPU; read only, a block of rows
+            at a time (no temporary of its size). The prices and the certificate compute in float64, in
+            which every float32 entry is exact: the assignment is the optimum of the matrix as given.
 
     Returns:
         ``m`` ``(n,)``, row ``i``'s column, or ``None`` if no certificate was reached (prices that do not
@@ -213,11 +235,11 @@ def certified_sparse_assignment(correlation: torch.Tensor) -> np.ndarray | None:
             return None
         keys = np.unique(np.concatenate([keys, *(r * size + c for r, c in zip(rows, cols))]))
         edge_rows, edge_cols = keys // size, keys % size
-        values = flat[torch.as_tensor(keys)].numpy()
+        values = flat[torch.as_tensor(keys)].double().numpy()
         # Weights shifted to at least 1: the sparse solver takes a zero entry for no edge.
         graph = csr_matrix((top - values + 1.0, (edge_rows, edge_cols)), shape=(size, size))
         matched = min_weight_full_bipartite_matching(graph)[1]
-        matched_values = flat[torch.as_tensor(np.arange(size) * size + matched)].numpy()
+        matched_values = flat[torch.as_tensor(np.arange(size) * size + matched)].double().numpy()
         weights = matched_values[edge_rows] - values
         # Settled well inside the certificate's tolerance, so that the graph's own edges pass it.
         prices = _settled_prices(edge_rows, edge_cols, weights, matched, tolerance / 4)
@@ -227,7 +249,7 @@ def certified_sparse_assignment(correlation: torch.Tensor) -> np.ndarray | None:
         prices_tensor = torch.from_numpy(prices)
         bars = torch.from_numpy(matched_values + prices[matched] + tolerance)  # each row's certified best
         for start in range(0, size, step):
-            priced = correlation[start : start + step] + prices_tensor
+            priced = correlation[start : start + step].double() + prices_tensor
             bar = bars[start : start + step]
             broken = (priced.amax(dim=1) > bar).nonzero()[:, 0]
             if len(broken):

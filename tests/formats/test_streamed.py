@@ -394,9 +394,11 @@ def test_a_whole_model_pair_is_aligned_under_a_bound_that_two_loaded_models_exce
 def test_a_whole_model_pair_with_a_large_vocabulary_reads_its_embeddings_in_blocks_of_rows(tmp_path):
     # At the library's own chunk sizes, one layer and a 131,072-token vocabulary: the embedding and the
     # LM head are 97% of the model (268 MB of 276 MB bf16). Beyond the warm-up pair's peak (the FFN's
-    # float64 correlation, 2048 units: 34 MB, is in both) full_model adds a few blocks of rows of the
-    # embeddings and pieces of the write pass: measured 33 MB. Reading the embeddings whole for the
-    # residual correlation and distances, and pieces of 64 MB in the write pass, added 570 MB (2.1 models).
+    # float32 correlation, 2048 units: 17 MB, is in both) full_model adds a few blocks of rows of the
+    # embeddings and pieces of the write pass: measured 35 MB. Reading the embeddings whole for the
+    # residual correlation and distances, and pieces of 64 MB in the write pass, added 570 MB (2.1 models);
+    # holding the previous write piece of each tensor while reading the next, and 32 MB float64
+    # differences for the distances, added 84 MB.
     write_random_llama_pair(tmp_path, "warm", 1, differ="", vocab_size=256, intermediate_size=2048)
     model_bytes = write_random_llama_pair(tmp_path, "big", 1, differ="", vocab_size=1 << 17, intermediate_size=2048)
     measured = peak_growth(tmp_path, "full_model", "default-chunks")

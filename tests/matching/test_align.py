@@ -396,3 +396,27 @@ def test_rope_models_with_other_position_tables_are_refused_by_name():
     long = create_model("reference-tiny", pe="rope", max_positions=48, dtype=torch.float64)
     with pytest.raises(AlignmentError, match="use different rotary positional encodings"):
         align(short, long, "full_model")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_unit_correlations_add_up_in_the_compute_dtype_and_the_residual_one_in_float64(monkeypatch, dtype):
+    # An FFN's correlation sums three tensors' products, computed in float32 for float32 and bf16 weights
+    # already: kept in float32 it takes half the memory (an 8B model's 14,336 units: 822 MB, not 1.64 GB).
+    # The residual stream's sums products over most of the model, in float64.
+    import lmc.matching.aligner
+
+    made, correlate = [], lmc.matching.aligner.axis_correlation
+
+    def recorded(source, target, permutation, *dtype_given):
+        correlation = correlate(source, target, permutation, *dtype_given)
+        made.append((permutation.name, correlation.dtype))
+        return correlation
+
+    monkeypatch.setattr(lmc.matching.aligner, "axis_correlation", recorded)
+    source, target = (randomize_parameters_(create_model("llama-tiny"), seed=seed).to(dtype) for seed in (0, 1))
+    align(source, target, scope="full_model", options=AlignOptions(method="orthogonal"))
+    spec = model_spec(source)
+    units = {block.feed_forward.hidden.name for block in spec.blocks}
+    unit_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    assert {name for name, _ in made} == units | {spec.residual.name}
+    assert all(made_dtype == (unit_dtype if name in units else torch.float64) for name, made_dtype in made), made
