@@ -9,7 +9,8 @@ subprocesses with ``--threads`` torch threads measures:
 - ``lmc.formats.streamed.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
   the floor, and the peak RSS of the process (``VmHWM``, interpreter and libraries included).
 
-The Llama-3.2-1B shape is measured the same way, and at ``full_model`` on a pair independent
+GPT-NeoX shapes (Pythia-6.9B's widths; ``--shapes pythia-6.9b-2layers``) are written and measured
+alike. The Llama-3.2-1B shape is measured the same way, and at ``full_model`` on a pair independent
 everywhere: streamed (its time split into reads, assignments and the rest, its rounds, and the
 floor of one round: :func:`measure_full_floor`) and with ``lmc.matching.align`` in memory.
 
@@ -48,24 +49,38 @@ SHAPES = {
     "8b-2layers": (4096, 2, 32, 8, 14336, 128256, False),  # Llama-3-8B's layers, two of them: per-layer costs
     "small": (2048, 4, 32, 8, 8192, 32000, False),  # Llama-3.2-1B's layers, four of them: ~0.75 GB a model
     "tiny": (256, 2, 4, 2, 512, 1000, False),  # a check of this script
+    "pythia-6.9b": (4096, 32, 32, 32, 16384, 50432, False),  # Pythia-6.9B (GPT-NeoX, parallel residual)
+    "pythia-6.9b-2layers": (4096, 2, 32, 32, 16384, 50432, False),  # its layers, two of them: per-layer costs
+    "neox-tiny": (256, 2, 4, 4, 1024, 1000, False),  # a check of this script on GPT-NeoX
 }
+NEOX = ("pythia-6.9b", "pythia-6.9b-2layers", "neox-tiny")  # GPT-NeoX shapes; the others are Llama's
 NAMES = {
     "1b": "Llama-3.2-1B",
     "8b": "Llama-3-8B",
     "8b-2layers": "Llama-3-8B widths, 2 layers",
     "small": "Llama-3.2-1B widths, 4 layers, 32k vocab",
     "tiny": "tiny",
+    "pythia-6.9b": "Pythia-6.9B (GPT-NeoX)",
+    "pythia-6.9b-2layers": "Pythia-6.9B widths, 2 layers (GPT-NeoX)",
+    "neox-tiny": "tiny GPT-NeoX",
 }
-FULL_MODEL = ("1b", "tiny")  # shapes also aligned at full_model, streamed and in memory
+FULL_MODEL = ("1b", "tiny", "neox-tiny")  # shapes also aligned at full_model, streamed and in memory
 SHARD_BYTES = 5 * 10**9
 TARGET = {"shape": "8b", "seconds": 600.0, "peak_rss": 3 * 10**9}
 """Issue #9's target: the 8B pair streamed at ``all_attention`` in under 10 minutes and 3 GB of peak RSS."""
 
 
 def config_of(shape: str):
-    from transformers import LlamaConfig
+    from transformers import GPTNeoXConfig, LlamaConfig
 
     width, layers, heads, kv_heads, intermediate, vocab, tied = SHAPES[shape]
+    if shape in NEOX:  # Pythia's: a quarter of each head rotary, parallel residual, untied
+        return GPTNeoXConfig(
+            hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=intermediate,
+            vocab_size=vocab, tie_word_embeddings=tied, max_position_embeddings=2048, rotary_pct=0.25,
+            use_parallel_residual=True, bos_token_id=0, eos_token_id=0, architectures=["GPTNeoXForCausalLM"],
+            dtype="bfloat16",
+        )  # fmt: skip
     return LlamaConfig(
         hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         head_dim=width // heads, intermediate_size=intermediate, vocab_size=vocab, tie_word_embeddings=tied,
@@ -82,13 +97,16 @@ def write_pair(shape: str, workdir: Path, independent: bool) -> tuple[Path, Path
     """
     import torch
 
+    from lmc.adapters import model_spec
     from lmc.formats.streamed import skeleton
 
     config = config_of(shape)
     folders = (workdir / f"{shape}-source", workdir / f"{shape}-target")
     for folder in folders:
         config.save_pretrained(folder)
-    shapes = {name: tuple(p.shape) for name, p in skeleton(folders[0]).named_parameters()}
+    model = skeleton(folders[0])
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    attention = {name for layer in model_spec(model).attention for name in layer.parameters}
     shards, current, size = [], [], 0
     for name, tensor_shape in shapes.items():
         nbytes = 2 * int(torch.Size(tensor_shape).numel())
@@ -122,7 +140,7 @@ def write_pair(shape: str, workdir: Path, independent: bool) -> tuple[Path, Path
             std = 1.0 if name.endswith("norm.weight") else 0.02
             tensor = (torch.randn(shapes[name], generator=generator) * std).bfloat16()
             handles[0].write(tensor.reshape(-1).view(torch.uint8).numpy())
-            if independent or "self_attn" in name:
+            if independent or name in attention:
                 tensor = (torch.randn(shapes[name], generator=generator) * std).bfloat16()
             handles[1].write(tensor.reshape(-1).view(torch.uint8).numpy())
             del tensor
@@ -156,6 +174,43 @@ def measure_floor(source: str, target: str) -> dict:
         source_layer, target_layer = ({n: c[n] for n in layer.parameters} for c in checkpoints)
         LayerGrams.compute(source_layer, target_layer, layer)
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss()}
+
+
+def measure_io_floor(source: str, target: str, output: str) -> dict:
+    """The Gram-pass floor with the I/O no streamed alignment can avoid: every tensor of both models read
+    once (each attention layer whole, for its Grams; every other tensor a chunk of rows at a time, as the
+    write pass reads it) and one model's bytes written to ``output``, shard by shard; no solve, no transform."""
+    from lmc.adapters import model_spec
+    from lmc.formats.safetensors import write_tensor
+    from lmc.formats.streamed import open_folder, skeleton
+    from lmc.matching.grams import LayerGrams
+
+    spec = model_spec(skeleton(source))
+    layer_of = {name: layer for layer in spec.attention for name in layer.parameters}
+    start = time.perf_counter()
+    checkpoints = open_folder(source)[1], open_folder(target)[1]
+    folder = Path(output)
+    folder.mkdir()
+    held: dict[str, Any] = {}
+    for shard in checkpoints[0].shards:
+        with open(folder / shard, "wb") as handle:
+            handle.write(checkpoints[0].headers[shard])
+            for name in checkpoints[0].names(shard):
+                layer = layer_of.get(name)
+                if layer is not None:
+                    if name not in held:  # the layer's first tensor in the file: read the layer of both
+                        source_layer, target_layer = ({n: c[n] for n in layer.parameters} for c in checkpoints)
+                        LayerGrams.compute(source_layer, target_layer, layer)
+                        held.update(source_layer)
+                    write_tensor(handle, held.pop(name))
+                    continue
+                for begin, end in checkpoints[0].chunks(name):
+                    piece = checkpoints[0].rows(name, begin, end)
+                    checkpoints[1].rows(name, begin, end)
+                    write_tensor(handle, piece)
+    seconds = time.perf_counter() - start
+    shutil.rmtree(folder)
+    return {"seconds": seconds, "peak_rss": peak_rss()}
 
 
 def measure_streamed(source: str, target: str, output: str, scope: str) -> dict:
@@ -254,12 +309,12 @@ def measure_streamed_full(source: str, target: str, output: str) -> dict:
 
 def measure_in_memory(source: str, target: str, scope: str) -> dict:
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from lmc.matching import align
 
     start = time.perf_counter()
-    models = [LlamaForCausalLM.from_pretrained(f, dtype=torch.bfloat16) for f in (source, target)]
+    models = [AutoModelForCausalLM.from_pretrained(f, dtype=torch.bfloat16) for f in (source, target)]
     loaded = time.perf_counter() - start
     _, report = align(*models, scope=scope)
     return {
@@ -330,7 +385,8 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
     shapes = list(results)
     threads = sorted({row["threads"] for row in results.values()})
     lines = [
-        "# Streamed alignment (`lmc.formats.streamed.align_directories`): time and peak memory, bf16 Llama shapes",
+        "# Streamed alignment (`lmc.formats.streamed.align_directories`): time and peak memory, bf16 Llama and "
+        "GPT-NeoX shapes",
         "",
         f"Rendered by `benchmarks/streamed_align.py` from `{json_name}` beside this file: do not edit",
         "either by hand. Each row is one run of the script on that shape (rows of several runs are",
@@ -342,8 +398,10 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
         f"Face `save_pretrained` folders with {SHARD_BYTES / 1e9:g} GB shards and an index; source and target",
         'equal outside attention. `all_attention`, `method="full"`. Gram-pass floor: read every attention',
         "tensor of both models through `safe_open` and form each layer's Gram blocks, nothing else. The",
-        "rest of the streamed time is the write pass (read both models, transform, write one). Peak RSS:",
-        "the measuring process's `VmHWM` (interpreter, torch and transformers included).",
+        "rest of the streamed time is the write pass (read both models, transform, write one). I/O floor:",
+        "the Gram pass with the I/O no streamed alignment avoids, every tensor of both models read once",
+        "and one model written (`measure_io_floor`). Peak RSS: the measuring process's `VmHWM`",
+        "(interpreter, torch and transformers included).",
         "",
     ]
     target = results.get(TARGET["shape"], {}).get("all_attention")
@@ -360,20 +418,25 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
     lines += [
         "## Streamed `all_attention`",
         "",
-        "| shape | one model (bf16) | torch threads | writing the pair | Gram-pass floor | streamed (grams + stage 1 + "
-        "stage 2 + rest) | x floor | stage 2 per layer | peak RSS | distance aligned / naive | worst layer probe "
-        "error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | one model (bf16) | torch threads | writing the pair | Gram-pass floor | I/O floor | streamed (grams "
+        "+ stage 1 + stage 2 + rest) | x Gram-pass floor | x I/O floor | stage 2 per layer | peak RSS | distance "
+        "aligned / naive | worst layer probe error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for shape, row in results.items():
         streamed, floor = row["all_attention"], row["floor"]
         stages = streamed["stages"]
         rest = streamed["seconds"] - sum(stages.values())
         parts = " + ".join(f"{stages[k]:.1f}" for k in ("grams", "stage1", "stage2")) + f" + {rest:.1f}"
+        io_floor = row.get("io_floor")  # rows measured before the I/O floor have none
+        io_text = ("-", "-")
+        if io_floor:
+            io_text = (_seconds(io_floor["seconds"]), f"{streamed['seconds'] / io_floor['seconds']:.2f}")
         lines.append(
             f"| {_shape_text(shape)} | {_gb(row['model_bytes'])} | {row['threads']} | {_seconds(row['write_seconds'])} "
-            f"| {_seconds(floor['seconds'])} | **{_seconds(streamed['seconds'])}** ({parts}) "
-            f"| {streamed['seconds'] / floor['seconds']:.2f} | {stages['stage2'] / SHAPES[shape][1]:.2f} s "
+            f"| {_seconds(floor['seconds'])} | {io_text[0]} | **{_seconds(streamed['seconds'])}** ({parts}) "
+            f"| {streamed['seconds'] / floor['seconds']:.2f} | {io_text[1]} "
+            f"| {stages['stage2'] / SHAPES[shape][1]:.2f} s "
             f"| **{_gb(streamed['peak_rss'])}** | {streamed['distance_ratio']:.4f} "
             f"| {streamed['probe_relative_error']:.1e} |"
         )
@@ -490,6 +553,8 @@ def main() -> None:
             row["floor"] = in_subprocess(args.threads, "measure_floor", str(source), str(target))
             print(shape, "floor", row["floor"], flush=True)
             output = workdir / "aligned"
+            row["io_floor"] = in_subprocess(args.threads, "measure_io_floor", str(source), str(target), str(output))
+            print(shape, "I/O floor", row["io_floor"], flush=True)
             row["all_attention"] = in_subprocess(
                 args.threads, "measure_streamed", str(source), str(target), str(output), "all_attention"
             )

@@ -31,7 +31,8 @@ def test_the_committed_markdown_is_the_rendering_of_the_committed_json():
 def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
     """A run on the tiny shape writes the JSON and its rendering; the committed rows hold no field it does not."""
     output = tmp_path / "results" / "streamed.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "streamed_align.py"), "--shapes", "tiny", "--threads", "1"]
+    script = str(ROOT / "benchmarks" / "streamed_align.py")
+    command = [sys.executable, script, "--shapes", "tiny", "neox-tiny", "--threads", "1"]
     run = subprocess.run(
         [*command, "--workdir", str(tmp_path / "work"), "--output", str(output), "--note", "a test run"],
         capture_output=True,
@@ -40,11 +41,18 @@ def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     written = json.loads(output.read_text())
-    assert list(written) == ["tiny"]
+    assert list(written) == ["tiny", "neox-tiny"]
     assert output.with_suffix(".md").read_text() == render(written, output.name)
     fields = _leaves(written["tiny"])
+    assert _leaves(written["neox-tiny"]) == fields  # GPT-NeoX measured as fully as Llama
     assert ("machine", "load_average_before") in fields and ("full_model", "peak_rss") in fields
     assert ("full_model_streamed", "split", "assignment") in fields and ("full_model_floor", "seconds") in fields
+    assert ("io_floor", "seconds") in fields
+    # Streamed full_model on the GPT-NeoX pair finds the in-memory alignment (its distances up to summation order).
+    neox = written["neox-tiny"]
+    assert neox["full_model_streamed"]["distance_ratio"] == pytest.approx(
+        neox["full_model"]["distance_ratio"], rel=1e-9
+    )
     assert "a test run" in output.with_suffix(".md").read_text()
     committed = json.loads((RESULTS / "streamed_align.json").read_text())
     for shape, row in committed.items():
