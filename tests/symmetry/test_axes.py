@@ -19,7 +19,6 @@ from lmc.symmetry import (
     explain_axes,
     unexplained_axes,
 )
-from lmc.symmetry.transforms import index_along
 from tests.architectures import ARCHITECTURES, build
 
 
@@ -121,21 +120,3 @@ def test_timm_register_tokens_without_their_permutation_leave_exactly_their_axis
     assert unexplained_axes(spec, "full_model", shapes) == []
     assert explain_axes(spec, "full_model", shapes)[("reg_token", 1)].group == "reg_token"
     assert unexplained_axes(dataclasses.replace(spec, tokens=None), "full_model", shapes) == [("reg_token", 1)]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
-@pytest.mark.parametrize("axis", [0, 1, 2])
-@pytest.mark.parametrize("contiguous", [True, False])
-def test_index_along_moves_the_bits_index_select_moves(dtype, axis, contiguous):
-    # On the CPU a later axis moves through numpy on the bits: a NaN's payload, a signed zero and a
-    # subnormal must arrive as they left, at index_select's places, from a strided view too.
-    generator = torch.Generator().manual_seed(axis)
-    tensor = torch.randn(9, 7, 5, generator=generator).to(dtype)
-    tensor[0, 0, 0], tensor[1, 2, 3], tensor[2, 1, 4] = float("nan"), -0.0, torch.finfo(dtype).tiny / 2
-    if not contiguous:
-        tensor = tensor.transpose(0, 2)
-    index = torch.randperm(tensor.shape[axis], generator=generator)
-    moved, expected = index_along(tensor, axis, index), tensor.index_select(axis, index)
-    assert moved.dtype == dtype and moved.shape == expected.shape
-    width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
-    assert torch.equal(moved.contiguous().view(width), expected.contiguous().view(width))
