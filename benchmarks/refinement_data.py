@@ -28,7 +28,7 @@ itself moved by a random element of the layer's group plus small noise.
 
     python -m benchmarks.refinement_data --run runs/repro/mnist_vit_ape/first_attention \\
         --data configs/data/mnist_5k.yaml --name mnist_vit_ape
-    # writes benchmarks/results/refinement_data.{json,md}
+    # writes benchmarks/results/refinement_data.{json,md}; --report-only writes the .md again from the .json
 """
 
 from __future__ import annotations
@@ -528,9 +528,24 @@ def write_report(results: dict) -> None:
             worst = max(abs(pairs[p]["barrier"]["full"] - v) for p, v in stored.items())
             lines += [f"The full barriers equal the run's own to {worst:.1e} nats ({len(stored)} pairs).", ""]
         rises = [e["barrier"]["full"] - e["barrier"]["orthogonal"] for e in pairs.values()]
+        patched = [e["patched"] for e in pairs.values()]
+        midpoint_change = [p["Q/K full, V/O full"] - p["Q/K orthogonal, V/O orthogonal"] for p in patched]
+        remainder = [c - p["step first order"] for c, p in zip(midpoint_change, patched)]
+        curvature = [p["step curvature"] for p in patched]
+        deviation = [e["midpoint"]["orthogonal"]["output"]["sum"] for e in pairs.values()]
+        share = [p["step squared norm"] / d for p, d in zip(patched, deviation)]
+        fixed = [e["midpoint"]["orthogonal"]["fixed_part"]["sum"] / d for e, d in zip(pairs.values(), deviation)]
         lines += [
             f"Barrier change full - orthogonal: {mean_std(rises)} nats, a rise in "
-            f"{sum(r > 0 for r in rises)} of {len(rises)} pairs.",
+            f"{sum(r > 0 for r in rises)} of {len(rises)} pairs. The midpoint's loss changes by "
+            f"{mean_std(midpoint_change)} nats; the refinement's step in the layer's output has "
+            f"{mean_std([100 * s for s in share])} % of the squared norm of the orthogonal midpoint's deviation "
+            f"(of which the fixed part is {mean_std([100 * f for f in fixed])} %), a cosine with the loss's slope of "
+            f"{mean_std([p['step cosine with the slope'] for p in patched])}, a first-order effect of "
+            f"{mean_std([p['step first order'] for p in patched])} nats and a rest beyond first order of "
+            f"{mean_std(remainder)} nats (positive in {sum(r > 0 for r in remainder)} of {len(remainder)}); "
+            f"the curvature along the step, (L(+step) + L(-step)) / 2 - L(0), is {mean_std(curvature)} nats "
+            f"(positive in {sum(c > 0 for c in curvature)} of {len(curvature)}).",
             "",
             "Spearman's rank correlation over the pairs between the barrier change `full - orthogonal` and the",
             "change of each quantity (summed over heads):",
@@ -561,10 +576,19 @@ def write_report(results: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", type=Path, required=True, help="a finished first_attention lmc run folder")
-    parser.add_argument("--data", type=Path, required=True, help="the run's DataModule config (configs/data/...)")
-    parser.add_argument("--name", required=True, help="the family's name in the results")
+    parser.add_argument("--run", type=Path, help="a finished first_attention lmc run folder")
+    parser.add_argument("--data", type=Path, help="the run's DataModule config (configs/data/...)")
+    parser.add_argument("--name", help="the family's name in the results")
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the .md again from the .json, measure nothing"
+    )
     args = parser.parse_args()
+    path = RESULTS.with_suffix(".json")
+    if args.report_only:
+        write_report(json.loads(path.read_text()))
+        return
+    if args.run is None or args.data is None or args.name is None:
+        parser.error("--run, --data and --name are required (or --report-only)")
     torch.set_num_threads(1)
     modules = fine_tuned(args.run)
     data = datamodule(args.data)
@@ -579,7 +603,6 @@ def main() -> None:
     for k, module in enumerate(modules):
         family["planted"][f"seed{k}"] = measure_pair(planted_module(module, k, PLANTED_NOISE), module.model, batches)
     family["correlation"] = rank_correlations(family["pairs"])
-    path = RESULTS.with_suffix(".json")
     results = json.loads(path.read_text()) if path.is_file() else {}
     results[args.name] = family
     atomic_write_json(path, results)
