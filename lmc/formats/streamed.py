@@ -364,34 +364,41 @@ class _StreamedDescent(WeightDescent):
 
         The FFN, task-head, token and head steps each depend on the residual permutation only (each
         moves tensors no other of them reads), so their order does not change what they find: each
-        block's FFN and head steps run on the block's tensors read together, and the block's share
-        of the residual correlation is formed from the same tensors, moved by them. The residual
-        correlation adds up the same products as in memory, grouped by block (float64 sums in another
-        order: equal up to rounding, the permutation found alike).
+        block's FFN step runs on its FFN's tensors read together, then its head step on its attention
+        layer's (held one after the other: an 8B layer's FFN of both models and its correlation are
+        most of the peak), and the block's share of the residual correlation is formed from the same
+        tensors, moved by them. The residual correlation adds up the same products as in memory,
+        grouped by step (float64 sums in another order: equal up to rounding, the permutation found
+        alike).
         """
         changed = False
         for index in range(len(spec.task_heads)):
             changed |= self.permute_task_head(index)
         if spec.tokens is not None:
             changed |= self.permute_tokens()
-        blocks = []
+        steps = []  # (block index, its FFN step, its head step, the tensors they hold)
         for index, block in enumerate(spec.blocks):
-            names = block.attention.parameters if index in attention else ()
-            if index in feed_forward:
-                names += tuple(name for name, _ in block.feed_forward.hidden.axes)
-            blocks.append((index, tuple(dict.fromkeys(names))))
-        held = {name for _, names in blocks for name in names}
+            units = (
+                tuple(dict.fromkeys(name for name, _ in block.feed_forward.hidden.axes))
+                if index in feed_forward
+                else ()
+            )
+            heads = block.attention.parameters if index in attention else ()
+            if set(units) & set(heads):  # a tensor both steps move: one read serves both
+                steps.append((index, True, True, tuple(dict.fromkeys(units + heads))))
+                continue
+            steps += [(index, True, False, units)] if units else []
+            steps += [(index, False, True, heads)] if heads else []
+        held = {name for *_, names in steps for name in names}
         residual = None
         if spec.residual is not None:
             rest = tuple((name, axis) for name, axis in residual_axes if name not in held)
             residual = self.residual_correlation(rest)
-        for index, names in blocks:
-            if not names:
-                continue
+        for index, moves_units, moves_heads, names in steps:
             with self.holding(names):
-                if index in feed_forward:
+                if moves_units:
                     changed |= self.permute_feed_forward(index)
-                if index in attention:
+                if moves_heads:
                     changed |= self.permute_heads(index)
                 if residual is not None:
                     axes = tuple((name, axis) for name, axis in residual_axes if name in names)
