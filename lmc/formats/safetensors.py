@@ -1,8 +1,9 @@
 """Safetensors checkpoints read lazily: a folder's tensors as a ``Mapping[str, Tensor]``.
 
-Every read opens the shard with ``safe_open``, copies one tensor (or one chunk of its rows) into
-memory of its own and closes the file again, so no memory map grows with the checkpoint. The
-matcher's per-layer solves take such a mapping as they take a model's parameters.
+Every read copies one tensor (or one chunk of its rows) from its shard straight into memory of
+its own with a plain file read: no memory map, whose touched pages would count in the process's
+resident memory beside the copy, and no second copy. The matcher's per-layer solves take such a
+mapping as they take a model's parameters.
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ from lmc.checkpoints import CheckpointError
 
 #: The floating-point dtypes of safetensors headers, by name.
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+#: Every dtype of safetensors headers that torch holds, by name (the bytes are little-endian, as torch's on the
+#: machines it runs on).
+STORED_DTYPES = {
+    **SAFETENSORS_DTYPES,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
 
 #: Largest piece of a tensor held at once while it is copied, compared or merged (bytes): the write pass
 #: holds some four pieces at once (the source's, its moved copy and the copy's temporary, the target's).
@@ -65,7 +79,7 @@ class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
     """The tensors of one or several safetensors files, each read when it is looked up.
 
     Tensors are looked up by the model's parameter names; :meth:`renamed` maps names its files
-    store otherwise (``stored`` keeps each file's own name for reading).
+    store otherwise.
 
     Args:
         folder: The checkpoint's folder.
@@ -86,7 +100,6 @@ class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
         self.shards = [path.name for path in files]
         self.headers: dict[str, bytes] = {}
         self.entries: dict[str, TensorEntry] = {}
-        self.stored: dict[str, str] = {}  # lookup name -> name in the file, where they differ
         for shard in self.shards:
             self.headers[shard], header = read_header(self.folder / shard)
             for name, entry in header.items():
@@ -102,11 +115,10 @@ class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
         folder saved either way reads alike. The files and their headers are unchanged.
         """
         view = copy.copy(self)
-        view.entries, view.stored = dict(self.entries), dict(self.stored)
+        view.entries = dict(self.entries)
         for parameter, stored in saved_names.items():
             if stored in view.entries and parameter not in view.entries:
-                view.entries[parameter] = view.entries.pop(stored)
-                view.stored[parameter] = self.stored.get(stored, stored)
+                view.entries[parameter] = view.entries.pop(stored)  # read by its offsets, whatever its name
         return view
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -131,19 +143,26 @@ class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
         """Rows ``start:stop`` of tensor ``name`` (all of it for ``None``; a scalar whole).
 
         Raises:
-            CheckpointError: The shard holding it is truncated or corrupted (naming the file).
+            CheckpointError: The shard holding it is truncated or corrupted (naming the file), or stores
+                it in a dtype torch does not hold.
         """
-        from safetensors import SafetensorError, safe_open
-
-        path = self.folder / self.entries[name].shard
-        stored = self.stored.get(name, name)
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                if start is None or len(self.entries[name].shape) == 0:
-                    return handle.get_tensor(stored).clone()
-                return handle.get_slice(stored)[start:stop].clone()
-        except SafetensorError as error:
-            raise CheckpointError(f"cannot read {name} from {path}: truncated or corrupted ({error})") from error
+        entry = self.entries[name]
+        path = self.folder / entry.shard
+        if entry.dtype not in STORED_DTYPES:
+            raise CheckpointError(f"{path} stores {name} as {entry.dtype}, which torch does not hold")
+        rows = entry.shape[0] if entry.shape else 1
+        begin, end, _ = slice(start, stop).indices(rows) if entry.shape else (0, 1, 1)  # as a slice of it would
+        end = max(begin, end)
+        tensor = torch.empty((end - begin, *entry.shape[1:]) if entry.shape else (), dtype=STORED_DTYPES[entry.dtype])
+        data = tensor.reshape(-1).view(torch.uint8).numpy()
+        row_bytes = (entry.offsets[1] - entry.offsets[0]) // max(1, rows)
+        if data.size != (end - begin) * row_bytes:
+            raise CheckpointError(f"cannot read {name} from {path}: truncated or corrupted (its header's offsets)")
+        with open(path, "rb") as handle:
+            handle.seek(len(self.headers[entry.shard]) + entry.offsets[0] + begin * row_bytes)
+            if handle.readinto(data) != data.size:
+                raise CheckpointError(f"cannot read {name} from {path}: truncated or corrupted (the file ends early)")
+        return tensor
 
     def chunks(self, name: str) -> Iterator[tuple[int, int]]:
         """Row ranges of ``name`` of at most :data:`CHUNK_BYTES` each (one range for a scalar)."""
