@@ -14,6 +14,7 @@ def repro(
     output_dir: Path | None = None,
     report: Path | None = None,
     cluster: Cluster = Cluster(),
+    summarize: bool = False,
 ) -> None:
     """The paper's study at small scale: every family and strategy, Table 1, then docs/results.md.
 
@@ -35,6 +36,8 @@ def repro(
             with --quick); its figures go into a folder of the same name without .md.
         cluster: Where the jobs run (its fields are this command's flags: --executor, --partition,
             --gpus_per_job, ...).
+        summarize: Run nothing: summarize the finished runs again (a newer lmc's measures read
+            their recorded sweeps) and write the report, keeping the runs' recorded times.
     """
     from lmc.experiments.jobs import ignore_srun_hint
     from lmc.experiments.study import repro as run_study
@@ -47,4 +50,5 @@ def repro(
         jobs=jobs,
         cluster=cluster,
         overrides={name: str(value) for name, value in overrides.items() if value is not None},
+        summarize=summarize,
     )

@@ -122,24 +122,44 @@ def bootstrap_barriers(
     weights = torch.zeros(resamples, count, dtype=torch.float64).scatter_add_(
         1, draws, torch.ones(resamples, count, dtype=torch.float64)
     )
+    return {name: weighted_barriers(points, alphas, weights) for name, points in curves.items()}
+
+
+def weighted_barriers(
+    cluster_sums: list[list[dict[str, float]]], alphas: list[float], weights: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The loss and accuracy barriers of one curve on each row of cluster weights.
+
+    Args:
+        cluster_sums: Per alpha, the per-cluster sums (:func:`recorded_cluster_sums`).
+        alphas: The curve's alphas.
+        weights: ``(rows, clusters)``, how often each row counts each cluster: a bootstrap draw's
+            multiplicities (:func:`bootstrap_barriers`), or a 0/1 mask of a subset of the clusters.
+
+    Returns:
+        ``{"loss_barrier": (rows,), "accuracy_barrier": (rows,)}``, float64.
+    """
+    if any(len(per_alpha) != weights.shape[1] for per_alpha in cluster_sums) or len(cluster_sums) != len(alphas):
+        raise ValueError(
+            f"weights over {weights.shape[1]} clusters need a curve with that many clusters at each of its "
+            f"{len(alphas)} alphas"
+        )
+    sums = {
+        metric: torch.tensor(
+            [[cluster[metric] for cluster in per_alpha] for per_alpha in cluster_sums], dtype=torch.float64
+        )
+        for metric in ("count", *BARRIER_METRICS)
+    }  # (alphas, clusters)
+    weights = weights.to(torch.float64)
+    means = {metric: (weights @ sums[metric].T) / (weights @ sums["count"].T) for metric in BARRIER_METRICS}
+    loss, accuracy = means["loss"], means["accuracy"]  # (rows, alphas)
     a = torch.tensor(alphas, dtype=torch.float64)
-    result = {}
-    for name, points in curves.items():
-        sums = {
-            metric: torch.tensor(
-                [[cluster[metric] for cluster in per_alpha] for per_alpha in points], dtype=torch.float64
-            )
-            for metric in ("count", *BARRIER_METRICS)
-        }  # (alphas, clusters)
-        means = {metric: (weights @ sums[metric].T) / (weights @ sums["count"].T) for metric in BARRIER_METRICS}
-        loss, accuracy = means["loss"], means["accuracy"]  # (resamples, alphas)
-        loss_line = (1 - a) * loss[:, :1] + a * loss[:, -1:]
-        accuracy_line = (1 - a) * accuracy[:, :1] + a * accuracy[:, -1:]
-        result[name] = {
-            "loss_barrier": (loss - loss_line).max(1).values,
-            "accuracy_barrier": (accuracy_line - accuracy).max(1).values,
-        }
-    return result
+    loss_line = (1 - a) * loss[:, :1] + a * loss[:, -1:]
+    accuracy_line = (1 - a) * accuracy[:, :1] + a * accuracy[:, -1:]
+    return {
+        "loss_barrier": (loss - loss_line).max(1).values,
+        "accuracy_barrier": (accuracy_line - accuracy).max(1).values,
+    }
 
 
 class _ClusterRecorder:

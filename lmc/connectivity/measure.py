@@ -34,7 +34,7 @@ from lmc.connectivity.interpolation import (
     sweep,
 )
 from lmc.matching import AlignmentReport, AlignOptions, Calibration, align
-from lmc.matching.options import DATA_FIELDS, LEARNED_FIELDS
+from lmc.matching.options import ALL_BATCHES, DATA_FIELDS, LEARNED_FIELDS
 
 CURVES = ("naive", "aligned")
 BARRIERS = ("loss_barrier", "accuracy_barrier", "loss_barrier_rebasin", "accuracy_barrier_rebasin")
@@ -226,16 +226,16 @@ def refuse_calibration_leak(calibration: Calibration, evaluation: Evaluation, de
 def training_calibration(
     datamodule: Any,
     forward: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor],
-    batches: int,
+    batches: int | str,
     seed: int = 0,
 ) -> Calibration:
-    """The first ``batches`` batches of a seeded shuffle of a DataModule's training split.
+    """The first ``batches`` batches of a seeded shuffle of a DataModule's training split (``"all"``: every batch).
 
     Args:
         datamodule: An :class:`~lmc.data.LMCDataModule` (its ``part`` picks the half: a fine-tuned
             pair calibrates on the fine-tuning half ``B``); batches of its ``batch_size``.
         forward: Runs a model on a batch and returns its loss (``LMCModule.model_loss``).
-        batches: How many batches (``AlignOptions.calibration_batches``).
+        batches: How many batches (``AlignOptions.calibration_batches``), or ``"all"``.
         seed: Seed of the shuffle (recorded in the calibration's identity).
 
     Raises:
@@ -245,8 +245,8 @@ def training_calibration(
     loader = DataLoader(
         dataset, batch_size=datamodule.batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
     )
-    chosen = list(itertools.islice(loader, batches))
-    if len(chosen) < batches:
+    chosen = list(loader) if batches == ALL_BATCHES else list(itertools.islice(loader, batches))
+    if batches != ALL_BATCHES and len(chosen) < batches:
         raise ValueError(
             f"calibration_batches={batches} but the training split holds {len(chosen)} batches of "
             f"{datamodule.batch_size}: lower calibration_batches"

@@ -472,6 +472,22 @@ class Experiment:
             run_jobs(self.jobs(), cluster, self.root / "jobs", torch.get_num_threads())
             return self._summarize()
 
+    def summarize(self) -> dict[str, Any]:
+        """Summarize the finished run again, running nothing; returns the summary. Its measures read
+        the pairs' results and recorded sweeps, so a run finished before a measure existed gets it.
+
+        Raises:
+            RunError: A stage of the run has not finished (run it first).
+            FolderInUseError: Another ``lmc run`` is writing into the same folder.
+        """
+        if unfinished := [job.name for job in self.jobs() if not job.finished]:
+            raise RunError(
+                f"{self.root}: {', '.join(unfinished)} not finished, so there is nothing to summarize again: "
+                "run it first (lmc run, or lmc repro without --summarize)"
+            )
+        with folder_lock(self.root, "lmc run"):
+            return self._summarize()
+
     def _check_fit_tasks(self, cluster: Cluster) -> None:
         """Refuse a trainer that would not use the processes a fit's job starts: ``cluster.fit_tasks``
         on each of ``cluster.nodes`` nodes, which Lightning's DDP joins only when the trainer asks for as many."""
@@ -494,15 +510,15 @@ class Experiment:
         pairs = {(i, j): self.finished_pair(stages, i, j) for i, j in self.pairs()}
         labels = alignment_labels(protocol.alignment_options)
         summary = summarize(pairs, labels)
+        # Measures read from the sweep states rather than the pairs' results, so that a run whose
+        # pairs finished before such a measure existed gets it too.
+        folders = {(i, j): self.root / "pairs" / f"{i}_{j}" for i, j in self.pairs()}
         if protocol.head_orders:
-            summary["head_orders"] = summarize_head_orders(pairs, labels)
+            summary["head_orders"] = summarize_head_orders(pairs, labels, folders)
         if {"orthogonal", "full"} <= set(labels):
-            # Read from the sweep states rather than the pairs' results, so a run whose pairs
-            # finished before this measure existed gets it too.
-            folders = {f"{i}_{j}": self.root / "pairs" / f"{i}_{j}" for i, j in self.pairs()}
             # on the orthogonal start's alphas, which the full method's curve holds
             orthogonal = protocol.alphas_of(AlignOptions(method="orthogonal"))
-            summary[REFINEMENT] = summarize_refinement(folders, orthogonal)
+            summary[REFINEMENT] = summarize_refinement({f"{i}_{j}": f for (i, j), f in folders.items()}, orthogonal)
         if protocol.robustness:
             summary[ROBUSTNESS] = summarize_robustness(pairs)
         datamodule = instantiate_data(stages[0].config)

@@ -585,8 +585,10 @@ def run_study(study: Study, jobs: int = 2, cluster: Cluster | None = None) -> di
             submitted += [*stages, _task_job(study, task, stages)]
         folder = Path(study.output_dir) / "jobs"
         times = run_jobs(submitted, cluster, folder, THREADS, default_max_jobs=jobs)
-        # A rerun runs only what had not finished: the tasks it skips keep the times recorded earlier.
-        times = {**(recorded(study.output_dir, TIMES) or {}), **times}
+        # A rerun runs only what had not finished: the tasks it skips keep the times recorded earlier,
+        # and a task it runs again (resumed, or given a new alignment) adds its time to theirs.
+        earlier = recorded(study.output_dir, TIMES) or {}
+        times = {**earlier, **{name: earlier.get(name, 0.0) + seconds for name, seconds in times.items()}}
         atomic_write_json(Path(study.output_dir) / TIMES, times)
     return times
 
@@ -596,6 +598,7 @@ def repro(
     jobs: int = 2,
     overrides: dict[str, Any] | None = None,
     cluster: Cluster | None = None,
+    summarize: bool = False,
 ) -> dict[str, Any]:
     """Run a study and write its report; returns the report's data.
 
@@ -604,10 +607,23 @@ def repro(
         jobs: Runs at a time (unless ``cluster.max_jobs`` is given).
         overrides: :class:`Study` fields set over the configs' (``output_dir``, ``report``).
         cluster: Where the jobs run (``None``: processes on this machine).
+        summarize: Run nothing: summarize every finished run again
+            (:meth:`~lmc.experiments.run.Experiment.summarize`) and write the report; the recorded
+            times of the runs are kept.
+
+    Raises:
+        RunError: With ``summarize``, a run has not finished.
     """
     study = load_study(paths)
     if overrides:
         study = dataclasses.replace(study, **overrides)
+    if summarize:
+        for task in schedule(study):
+            if task.strategy is not None:
+                study.experiment(task.family, task.strategy).summarize()
+        data = write_report(study, [str(path) for path in paths])
+        print(f"summarized the finished runs again and wrote {study.report}")
+        return data
     start = time.perf_counter()
     times = run_study(study, jobs, cluster)
     data = write_report(study, [str(path) for path in paths])

@@ -17,7 +17,7 @@ from lmc.connectivity import NO_BARRIER
 from lmc.experiments.sensitivity import TABLE1_DATA, sensitivity_section, table1_data
 from lmc.experiments.spread import cell, curve_alphas_text
 from lmc.experiments.summary import ROBUSTNESS, no_barrier_lines, robustness_table
-from lmc.experiments.table1 import appendix_k_section, table1_section
+from lmc.experiments.table1 import appendix_k_section, held_out_section, table1_section
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text, nan_for_null
 
 #: Per family: ``lmc.experiments.study.first_layer_inputs`` of its first strategy's seed 0.
@@ -115,7 +115,7 @@ METHODS_TARGET = 5.0
 def _methods(study, summaries) -> tuple[list[str], list[str]]:
     """The methods table of ``docs/results.md``, and the wall times (which vary between runs) apart."""
     labels = study.method_labels
-    batches = "/".join(str(n) for n in sorted({m.calibration_batches for m in study.methods if m.data_aware}))
+    batches = "/".join(str(n) for n in sorted({m.calibration_batches for m in study.methods if m.data_aware}, key=str))
     header = "| family | strategy | pairs | calibration | naive loss barrier | " + " | ".join(
         f"`{label}`" for label in labels
     )
@@ -369,12 +369,15 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
             table1_runs, sources, recorded(study.output_dir, MACHINE), recorded(study.output_dir, TIMES) or {}
         )
         atomic_write_json(figures / TABLE1_DATA, data)
+    held_out = held_out_section(table1_runs)
     lines += [
         "",
         *table1_section(table1_runs),
         "",
         *appendix_k_section(table1_runs),
         "",
+        *held_out,
+        *([""] if held_out else []),
         *_strategies(study, summaries),
     ]
     # Another study's points, or this one's where its families share pre-trainings (the sensitivity study).

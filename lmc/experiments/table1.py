@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lmc.connectivity import NO_BARRIER
 from lmc.connectivity.interpolation import (
     BARRIER_METRICS,
@@ -21,6 +23,7 @@ from lmc.connectivity.interpolation import (
     barriers,
     bootstrap_barriers,
     recorded_cluster_sums,
+    weighted_barriers,
 )
 from lmc.experiments.protocol import RunError
 from lmc.experiments.spread import cell, curve_alphas_text, spread
@@ -40,6 +43,8 @@ REFINEMENT = "refinement"
 RESAMPLES = 1000
 #: An order is told apart from another when its barrier is lower in at least this share of the draws.
 TOLD_APART = 0.975
+#: Random cuts of the evaluated clusters into two halves behind each held-out pick (:func:`held_out_orders`).
+HALVES = 100
 
 
 def rank_and_l_hat(order_barriers: dict[str, float], chosen: str, method: float, naive: float) -> tuple[int, float]:
@@ -62,14 +67,30 @@ def rank_and_l_hat(order_barriers: dict[str, float], chosen: str, method: float,
     return rank, l_hat
 
 
-def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
+def summarize_head_orders(
+    pairs: dict[tuple[int, int], dict[str, Any]],
+    labels: list[str],
+    folders: dict[tuple[int, int], Path] | None = None,
+) -> dict[str, Any]:
     """Per alignment: its Stage 1 order's rank among all head orders of the first attention layer,
     ``L_hat`` for the loss and accuracy barriers (NaN for a pair whose naive barrier is below
     :data:`~lmc.connectivity.NO_BARRIER`, as its ratio), mean and spread over pairs (the paper's Table 1), and
     where measured (:func:`head_order_noise`) its gap to the best order, whether that gap exceeds the
-    evaluation noise (``ties``: the pairs where it does not) and its rank within the noise."""
+    evaluation noise (``ties``: the pairs where it does not) and its rank within the noise.
+
+    With the pairs' ``folders``, also :func:`held_out_orders` of each pair whose clusters were
+    recorded (``halves``): the alignment's and the held-out pick's rank and ``L_hat`` on halves of
+    the evaluated samples, and their paired difference."""
     first = next(iter(pairs.values()))[HEAD_ORDERS]
     study: dict[str, Any] = {"orders": len(first), "order_alphas": len(order_grid(first)), "alignments": {}}
+    halves = {}
+    for key, pair in pairs.items() if folders else ():
+        orders = pair[HEAD_ORDERS]
+        picked = picked_orders({label: pair[label] for label in labels})
+        grid = order_grid(orders)
+        halves[key] = held_out_orders(
+            orders, picked, folders[key] / "orders", folders[key] / "naive_sweep_state.json", grid
+        )
     for label in labels:
         per_pair = {}
         for (i, j), pair in pairs.items():
@@ -94,6 +115,12 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
                     "best_order": min(barriers, key=barriers.get),
                     **noise.get(name, {}),
                 }
+                if halves.get((i, j)):
+                    held = halves[(i, j)][name]
+                    entry[name]["halves"] = {"stage1": dict(held[label]), "held_out": dict(held["held_out"])}
+                    if math.isnan(l_hat):  # as L_hat itself: a pair without a naive barrier is left out
+                        for scored in entry[name]["halves"].values():
+                            scored["l_hat"] = math.nan
             per_pair[f"{i}_{j}"] = entry
         if per_pair:
             study["alignments"][label] = {
@@ -108,11 +135,28 @@ def summarize_head_orders(pairs: dict[tuple[int, int], dict[str, Any]], labels: 
                         "gap": spread([e[name].get("gap", math.nan) for e in per_pair.values()]),
                         "ties": sum(bool(e[name].get("tie")) for e in per_pair.values()),
                         "noise_pairs": sum("tie" in e[name] for e in per_pair.values()),
+                        **summarize_halves([e[name]["halves"] for e in per_pair.values() if "halves" in e[name]]),
                     }
                     for name in ("loss_barrier", "accuracy_barrier")
                 },
             }
     return study
+
+
+def summarize_halves(pairs: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """Spread over pairs of :func:`held_out_orders`' scores of one alignment and barrier: the rank and
+    ``L_hat`` of its order and of the held-out pick, and of their paired differences (``{}``: none measured)."""
+    if not pairs:
+        return {}
+    stats = {}
+    for score in ("rank", "l_hat"):
+        stage1, held_out = ([pair[who][score] for pair in pairs] for who in ("stage1", "held_out"))
+        stats[score] = {
+            "stage1": spread(stage1),
+            "held_out": spread(held_out),
+            "difference": spread([a - b for a, b in zip(stage1, held_out, strict=True)]),
+        }
+    return {"halves": {"pairs": len(pairs), **stats}}
 
 
 def order_grid(orders: dict[str, dict[str, Any]]) -> list[float]:
@@ -243,6 +287,75 @@ def head_order_noise(
     return noise
 
 
+def held_out_orders(
+    orders: dict[str, dict[str, Any]],
+    picked: dict[str, str],
+    folder: Path,
+    naive_state: Path,
+    alphas: list[float],
+    halves: int = HALVES,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Each alignment's Stage 1 order against the order the evaluation data itself would pick, in one pair.
+
+    The evaluated clusters are cut into two random halves. The order with the lowest barrier on one
+    half is the held-out pick: chosen on samples independent of the other half, on which it and each
+    alignment's order are scored (rank among the orders, and ``L_hat`` against that half's best order
+    and naive barrier), over ``halves`` cuts and both directions. Stage 1 sees no evaluation data, so
+    where it leaves no more than the held-out pick, the evaluation data cannot point to a better order
+    either (at half its size: more samples would sharpen both the pick and its scoring). An order
+    swept at the screening alphas only counts with its screening barrier on each half, a lower bound
+    of its barrier (as in :func:`summarize_head_orders`), which can only favour the held-out pick.
+
+    Args:
+        orders: :func:`sweep_head_orders`'s results (order label -> result).
+        picked: Alignment label -> the order its Stage 1 picked (a whole-curve order).
+        folder: Where :func:`sweep_head_orders` swept them.
+        naive_state: The pair's naive sweep state, which holds the naive curve on ``alphas``.
+        alphas: The whole curves' alphas.
+        halves: Random cuts into halves.
+        seed: Seed of the cuts.
+
+    Returns:
+        Per barrier (``loss_barrier``, ``accuracy_barrier``): ``held_out`` and, per alignment label,
+        ``{"rank", "l_hat"}``, means over the cuts' scored halves (``L_hat`` over those whose naive
+        barrier lies above their best order's). Empty when a curve's clusters were not recorded.
+    """
+    curves = {}
+    for label, result in orders.items():
+        own = result["settings"]["alphas"]
+        state = folder / label if len(own) == len(alphas) else folder / "screening" / label
+        curves[label] = (own, recorded_cluster_sums(state / "lmc_sweep_state_0.json", alphas=own))
+    curves[None] = (alphas, recorded_cluster_sums(naive_state, "naive", alphas))
+    if any(clusters is None for _, clusters in curves.values()):
+        return {}
+    count = len(curves[None][1][0])
+    generator = torch.Generator().manual_seed(seed)
+    first = torch.zeros(halves, count, dtype=torch.float64)
+    for cut in range(halves):
+        first[cut, torch.randperm(count, generator=generator)[: count // 2]] = 1.0
+    weights = torch.cat([first, 1.0 - first])  # (2 * halves, count): every cut's first half, then its second
+    labels = list(orders)
+    swap = torch.cat([torch.arange(halves, 2 * halves), torch.arange(halves)])  # the other half of each row
+    result: dict[str, dict[str, Any]] = {}
+    for name in ("loss_barrier", "accuracy_barrier"):
+        barrier = {label: weighted_barriers(c, a, weights)[name] for label, (a, c) in curves.items()}
+        table = torch.stack([barrier[label] for label in labels])  # (orders, rows)
+        top1, naive = table.min(0).values, barrier[None]
+        pick = table.argmin(0)[swap]  # each row's order picked on the other half
+
+        def scored(index: torch.Tensor) -> dict[str, float]:
+            own = table.gather(0, index[None])[0]
+            ranks = 1.0 + (table < own).sum(0).double()
+            l_hat = torch.where(naive > top1, 100.0 * (own - top1) / (naive - top1), math.nan)
+            return {"rank": float(ranks.mean()), "l_hat": float(l_hat.nanmean())}
+
+        result[name] = {"held_out": scored(pick)}
+        for label, chosen in picked.items():
+            result[name][label] = scored(torch.full_like(pick, labels.index(chosen)))
+    return result
+
+
 def refinement_noise(pair: Path, alphas: list[float]) -> dict[str, dict[str, Any]]:
     """How far Stage 2's gradient refinement (``full``) moved the barrier of its orthogonal start
     (``orthogonal``, Variant 2) in one pair, against the noise of the evaluation data.
@@ -328,17 +441,21 @@ def head_order_table(study: dict[str, Any]) -> list[str]:
         f"Against the noise of the evaluation data ({RESAMPLES} bootstrap draws of the evaluated samples, in "
         f"clusters of {CLUSTER_SAMPLES} consecutive ones): "
         "`rank within noise` counts only the orders told apart as lower, and `tied with best` the pairs "
-        "whose order the best one is not told apart from.",
+        "whose order the best one is not told apart from. On halves of the evaluated samples "
+        f"({HALVES} random cuts): the L_hat of the alignment's order on one half, and of the order with the "
+        "lowest barrier on the other half (the held-out pick, what the evaluation data itself would choose).",
         "",
         "| alignment | rank (loss) | rank within noise (loss) | tied with best (loss) | L_hat loss % "
-        "| rank (accuracy) | L_hat accuracy % |",
-        "|---|---|---|---|---|---|---|",
+        "| L_hat loss % on a half | held-out pick's | rank (accuracy) | L_hat accuracy % |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, entry in study["alignments"].items():
         loss, accuracy, pairs = entry["loss_barrier"], entry["accuracy_barrier"], len(entry["per_pair"])
+        halves = loss.get("halves", {}).get("l_hat", {})
         lines.append(
             f"| {label} | {cell(loss['rank'], 1)} | {cell(loss.get('rank_within_noise'), 1, of=pairs)} "
-            f"| {ties(loss)} | {cell(loss['l_hat'], 1, of=pairs)} "
+            f"| {ties(loss)} | {cell(loss['l_hat'], 1, of=pairs)} | {cell(halves.get('stage1'), 1, of=pairs)} "
+            f"| {cell(halves.get('held_out'), 1, of=pairs)} "
             f"| {cell(accuracy['rank'], 1)} | {cell(accuracy['l_hat'], 1, of=pairs)} |"
         )
     return lines
@@ -491,4 +608,128 @@ def appendix_k_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
     metrics = [{label: e for label, e in s["alignments"].items() if label.startswith("full")} for _, s in runs]
     if grids := curve_alphas_text(metrics):
         lines += ["", f"Loss ratios: {grids[0].lower()}{grids[1:]}"]
+    return lines
+
+
+#: The paper's Table 1 finding (rank near 1, ``L_hat`` near 0) as this study checks it, against the
+#: evaluation noise: Stage 1's mean rank within the noise and its mean ``L_hat`` (%) at most these.
+PAPER_FINDING = {"rank_within_noise": 2.0, "l_hat": 10.0}
+#: A difference of means over pairs is told apart from 0 beyond this many standard errors.
+STANDARD_ERRORS = 2.0
+
+
+def standard_error(stats: dict[str, float]) -> float:
+    """The standard error of :func:`~lmc.experiments.spread.spread`'s mean (NaN for fewer than 2 values)."""
+    return stats["std"] / math.sqrt(stats["count"]) if stats["count"] > 1 else math.nan
+
+
+#: :func:`held_out_verdict`'s verdicts, as the report's table prints them.
+VERDICTS = {
+    "met": "met",
+    "missed": "missed: held-out samples pick better orders",
+    "unresolved": "missed, as by the held-out pick: beyond this evaluation's resolution",
+    "inconclusive": "missed, not told apart from the held-out pick",
+    "unmeasured": "missed (no held-out measure)",
+}
+
+
+def held_out_verdict(loss: dict[str, Any]) -> str:
+    """What a Stage 1 setting's loss-barrier statistics (:func:`summarize_head_orders`) say about the
+    paper's finding (a key of :data:`VERDICTS`): ``met`` (:data:`PAPER_FINDING`); else ``missed`` where
+    its order's ``L_hat`` on halves of the evaluated samples exceeds the held-out pick's by more than
+    :data:`STANDARD_ERRORS` standard errors over pairs; else ``unresolved`` where the held-out pick's
+    own ``L_hat`` exceeds the finding's too, and ``inconclusive`` where it does not."""
+    within, l_hat = loss.get("rank_within_noise", {}).get("mean", math.nan), loss["l_hat"]["mean"]
+    if within <= PAPER_FINDING["rank_within_noise"] and l_hat <= PAPER_FINDING["l_hat"]:
+        return "met"
+    halves = loss.get("halves", {}).get("l_hat", {})
+    if not halves or halves["difference"]["count"] < 2:
+        return "unmeasured"
+    if halves["difference"]["mean"] > STANDARD_ERRORS * standard_error(halves["difference"]):
+        return "missed"
+    return "unresolved" if halves["held_out"]["mean"] > PAPER_FINDING["l_hat"] else "inconclusive"
+
+
+def held_out_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
+    """The report's comparison of each Stage 1 setting with an order picked on held-out evaluation
+    samples (:func:`held_out_orders`), with its verdict on the paper's finding (:func:`held_out_verdict`);
+    empty where no run measured it."""
+    rows = []
+    for family, summary in runs:
+        for label, orders in summary["head_orders"]["alignments"].items():
+            loss = orders["loss_barrier"]
+            if not label.startswith("full") or "halves" not in loss:
+                continue
+            halves, pairs = loss["halves"], loss["halves"]["pairs"]
+            rank, l_hat = halves["rank"], halves["l_hat"]
+            rows.append(
+                f"| {family.title} | `{stage1_settings(label)}` | {pairs} | {cell(rank['stage1'], of=pairs)} "
+                f"| {cell(rank['held_out'], of=pairs)} | {cell(l_hat['stage1'], of=pairs)} "
+                f"| {cell(l_hat['held_out'], of=pairs)} | {cell(l_hat['difference'], of=pairs)} "
+                f"| {VERDICTS[held_out_verdict(loss)]} |"
+            )
+    if not rows:
+        return []
+    return [
+        "## Stage 1 against an order picked on held-out samples",
+        "",
+        f"The evaluated samples are cut into two random halves ({HALVES} cuts, in clusters of {CLUSTER_SAMPLES}, "
+        "both directions): the order with the lowest loss barrier on one half is the held-out pick, and on the "
+        "other half it and each Stage 1 setting's order (each followed by the full Stage 2) are scored: rank "
+        "among the orders and `L_hat` against that half's best order. Stage 1 sees no evaluation data; the "
+        "held-out pick sees as many samples as it is scored on. `difference` is Stage 1's `L_hat` minus the "
+        "held-out pick's, pair by pair. The paper's finding counts as met where the rank within noise "
+        f"(Table 1) is at most {PAPER_FINDING['rank_within_noise']:g} and `L_hat` at most "
+        f"{PAPER_FINDING['l_hat']:g} %; where it is not, held-out samples pick better orders if the difference "
+        f"exceeds {STANDARD_ERRORS:g} standard errors over pairs, and otherwise the evaluation data cannot "
+        "point to a better order either.",
+        "",
+        "| family | metric | pairs | rank on a half | held-out pick's rank | L_hat on a half "
+        "| held-out pick's L_hat | difference | paper's finding |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        *finding_lines(runs),
+    ]
+
+
+def finding_lines(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
+    """Per family: whether the paper's cost (``invariant``) meets the paper's finding, why not where
+    it does not (:func:`held_out_verdict`), and which Stage 1 settings meet it."""
+    lines = []
+    for family, summary in runs:
+        settings = {
+            stage1_settings(label): orders["loss_barrier"]
+            for label, orders in summary["head_orders"]["alignments"].items()
+            if label.startswith("full")
+        }
+        if "invariant" not in settings:
+            continue
+        paper = settings["invariant"]
+        verdict = held_out_verdict(paper)
+        halves = paper.get("halves", {}).get("l_hat", {})
+        gap = held = ""
+        if halves and halves["difference"]["count"] > 1:
+            difference = halves["difference"]
+            gap = (
+                f" (`L_hat` on a half {difference['mean']:+.1f} points from the held-out pick's, standard error "
+                f"{standard_error(difference):.1f}, {difference['count']} pairs)"
+            )
+            held = f"{halves['held_out']['mean']:.1f} %"
+        outcomes = {
+            "met": "meets the paper's finding",
+            "missed": f"misses it, and held-out samples pick better orders{gap}",
+            "unresolved": f"misses it, and so does an order picked on held-out samples ({held} on a half){gap}: "
+            "the evaluation data cannot point to a better order",
+            "inconclusive": f"misses it, but is not told apart from an order picked on held-out samples{gap}, "
+            f"which leaves {held} on a half",
+            "unmeasured": "misses it (no held-out measure)",
+        }
+        line = f"- {family.title}: the paper's cost (`invariant`) {outcomes[verdict]}"
+        others = [
+            f"`{name}`" for name, loss in settings.items() if name != "invariant" and held_out_verdict(loss) == "met"
+        ]
+        also = "also " if verdict == "met" else ""
+        line += f"; {also}met by {', '.join(others)}." if others else f"; {also}met by no other Stage 1 setting."
+        lines.append(line)
     return lines

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lmc.matching.options import ALL_BATCHES
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -48,8 +50,10 @@ class Calibration:
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be positive, got {self.num_samples}")
 
-    def take(self, count: int) -> Calibration:
-        """The first ``count`` batches, refused if there are fewer."""
+    def take(self, count: int | str) -> Calibration:
+        """The first ``count`` batches (``"all"``: every batch), refused if there are fewer."""
+        if count == ALL_BATCHES:
+            return self
         if count > len(self.batches):
             raise ValueError(
                 f"calibration_batches={count} but the calibration holds {len(self.batches)} batches: "

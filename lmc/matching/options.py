@@ -22,6 +22,8 @@ OBJECTIVES: tuple[str, ...] = get_args(Objective)
 UNIT_MATCHINGS: tuple[str, ...] = get_args(UnitMatching)
 #: The fields that matter only to a data-aware alignment (see :attr:`AlignOptions.data_aware`).
 DATA_FIELDS: tuple[str, ...] = ("objective", "unit_matching", "calibration_batches")
+#: ``calibration_batches`` that reads every batch of the calibration.
+ALL_BATCHES = "all"
 #: The fields that matter only to ``method="learned"``.
 LEARNED_FIELDS: tuple[str, ...] = ("learned_steps", "learned_lr")
 
@@ -69,8 +71,9 @@ class AlignOptions:
     permutations do not interact, so each is solved once). Needs a calibration; the other scopes
     have no such units and ignore it."""
 
-    calibration_batches: int = 8
-    """Calibration batches (from the training split) that data-aware settings read."""
+    calibration_batches: int | Literal["all"] = 8
+    """Calibration batches (from the training split) that data-aware settings read; ``"all"``: every
+    batch of the calibration (``lmc run``, ``lmc align``: the whole training split)."""
 
     steps: int = 30
     """Most L-BFGS iterations of Stage 2 (0 stops after the orthogonal start). Independent pairs
@@ -162,12 +165,14 @@ class AlignOptions:
             ("steps", 0),
             ("max_iterations", 0),
             ("probe_batch_size", 1),
-            ("calibration_batches", 1),
             ("learned_steps", 0),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        batches = self.calibration_batches
+        if batches != ALL_BATCHES and (isinstance(batches, bool) or not isinstance(batches, int) or batches < 1):
+            raise ValueError(f"calibration_batches must be an integer >= 1 or {ALL_BATCHES!r}, got {batches!r}")
         for name in ("lr", "learned_lr"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):

@@ -26,6 +26,7 @@ def test_the_width_study_changes_only_the_width_of_the_digits_vit_recipes(monkey
         labels = alignment_labels(protocol.alignment_options)
         table1 = ["permutation", "orthogonal", "full", "full-metric=weight", "full-metric=correlation"]
         table1 += ["full-metric=weight-objective=data", "full-metric=activation", "full-metric=midpoint"]
+        table1 += ["full-metric=midpoint-calibration_batches=all"]
         assert labels == [*table1, *alignment_labels(study.methods)]  # Table 1's, then the study's methods
     assert shapes == {
         "vit_ape_w64": {(64, 4, 16)},

@@ -185,5 +185,5 @@ def test_a_bad_value_inside_an_optional_list_is_one_line_with_its_reason(tmp_pat
     monkeypatch.chdir(tmp_path)
     argv = ["run", "--config", str(CONFIGS / "experiment" / "digits_vit_ape.yaml")]
     error = fails([*argv, "--protocol.alignments", "[{calibration_batches: 0}]"], capsys)
-    assert error.startswith("lmc: error: calibration_batches must be an integer >= 1, got 0")
+    assert error.startswith("lmc: error: calibration_batches must be an integer >= 1 or 'all', got 0")
     assert "NoneType" not in error and "Given value" not in error

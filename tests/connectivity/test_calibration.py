@@ -35,6 +35,12 @@ def test_training_calibration_takes_seeded_batches_of_the_training_split():
     assert not torch.equal(other.batches[0]["inputs"], first.batches[0]["inputs"])
     with pytest.raises(ValueError, match="lower calibration_batches"):
         training_calibration(data, _loss, 10_000)
+    # "all": every batch of the training split, the last one partial; the alignment reads them all
+    whole = training_calibration(data, _loss, "all")
+    train = len(data.split("train"))
+    assert whole.num_samples == train and len(whole.batches) == -(-train // 16) and train % 16
+    assert whole.take("all") is whole and whole.take(2).num_samples == 32
+    torch.testing.assert_close(whole.batches[0]["inputs"], first.batches[0]["inputs"], rtol=0, atol=0)
 
 
 def test_the_sweep_key_holds_the_calibration_of_data_aware_options_only():
@@ -49,6 +55,11 @@ def test_the_sweep_key_holds_the_calibration_of_data_aware_options_only():
         "first_attention", AlignOptions(objective="data", calibration_batches=3), [0.0, 1.0], _evaluation(), calibration
     )
     assert wider != settings
+    every = AlignOptions(objective="data", calibration_batches="all")
+    assert sweep_settings("first_attention", every, [0.0, 1.0], _evaluation(), calibration)["calibration"] == {
+        **settings["calibration"],
+        "num_samples": 48,  # all 3 batches
+    }
     with pytest.raises(ValueError, match="need a calibration"):
         sweep_settings("first_attention", options, [0.0, 1.0], _evaluation())
 

@@ -21,6 +21,7 @@ from lmc.connectivity.interpolation import (
     recorded_cluster_sums,
     reduce_sums,
     sweep,
+    weighted_barriers,
 )
 
 
@@ -254,6 +255,30 @@ def test_bootstrap_barriers_redraw_the_clusters_the_same_way_for_every_curve():
     assert float(a.std()) > 0.1  # the draws differ: clusters of 2.0, 3.0 and 4.0 nats
     with pytest.raises(ValueError, match="same clusters"):
         bootstrap_barriers({"a": curve([20.0, 30.0]), "b": curve([25.0, 35.0, 45.0])}, alphas)
+
+
+def test_weighted_barriers_of_a_mask_are_the_barriers_of_its_clusters():
+    alphas = [0.0, 0.5, 1.0]
+    # clusters of 10, 10 and 20 samples: losses at the end points and in the middle, accuracies in the middle
+    counts, middle, correct = [10.0, 10.0, 20.0], [20.0, 30.0, 80.0], [5.0, 9.0, 8.0]
+    cluster_sums = [
+        [{"count": n, "loss": 1.0 * n, "accuracy": 1.0 * n} for n in counts],
+        [{"count": n, "loss": m, "accuracy": c} for n, m, c in zip(counts, middle, correct, strict=True)],
+        [{"count": n, "loss": 2.0 * n, "accuracy": 1.0 * n} for n in counts],
+    ]
+    masks = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    found = weighted_barriers(cluster_sums, alphas, masks)
+    # clusters 0 and 2: middle loss 100 / 30, line 1.5; cluster 1: 3.0 against 1.5; all: 130 / 40
+    expected = [100 / 30 - 1.5, 3.0 - 1.5, 130 / 40 - 1.5]
+    assert torch.allclose(found["loss_barrier"], torch.tensor(expected, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert torch.allclose(
+        found["accuracy_barrier"],
+        torch.tensor([1 - 13 / 30, 0.1, 1 - 22 / 40], dtype=torch.float64),
+        atol=1e-12,
+        rtol=0,
+    )
+    with pytest.raises(ValueError, match="weights over 2 clusters need a curve with that many clusters"):
+        weighted_barriers(cluster_sums, alphas, masks[:, :2])
 
 
 def test_a_state_file_from_another_sweep_is_ignored(tmp_path):

@@ -440,6 +440,77 @@ def test_head_order_noise_tells_orders_apart_only_beyond_the_evaluation_noise(tm
     assert lmc.experiments.table1.head_order_noise(orders, {"a": "102"}, tmp_path, alphas) == {}
 
 
+def _write_order_curves(folder: Path, alphas: list[float], middles: dict[str | None, list[float]]) -> dict:
+    """Sweep states of head orders (and of the naive curve, key ``None``) whose clusters of 10 samples
+    have loss sums 10 at the end points and ``middles[label]`` at 0.5; returns the orders' results."""
+    orders = {}
+    for label, middle in middles.items():
+        path = (
+            folder / "naive_sweep_state.json" if label is None else folder / "orders" / label / "lmc_sweep_state_0.json"
+        )
+        curve = "naive" if label is None else "aligned"
+        store = SweepStore(path, "k", {})
+        for alpha, cluster_losses in zip(alphas, [[10.0] * len(middle), middle, [10.0] * len(middle)], strict=True):
+            clusters = [{"count": 10.0, "loss": loss, "accuracy": 5.0} for loss in cluster_losses]
+            point = {"alpha": alpha, "loss": sum(cluster_losses) / (10 * len(middle)), "accuracy": 0.5}
+            store.put(curve, alpha, point, True, clusters)
+        if label is not None:
+            points = [store.get(curve, alpha) for alpha in alphas]
+            orders[label] = {"settings": {"alphas": alphas}, "curves": {"aligned": barriers(points)}}
+    return orders
+
+
+def test_held_out_orders_score_stage1_and_the_order_picked_on_the_other_half(tmp_path):
+    alphas = [0.0, 0.5, 1.0]
+    # Every cluster alike: each half has the whole data's barriers (0.5, 1.0, 1.5; naive 2.5).
+    middles = {"012": [15.0] * 6, "021": [20.0] * 6, "102": [25.0] * 6, None: [35.0] * 6}
+    orders = _write_order_curves(tmp_path, alphas, middles)
+    naive = tmp_path / "naive_sweep_state.json"
+    held = lmc.experiments.table1.held_out_orders(orders, {"full": "021"}, tmp_path / "orders", naive, alphas)
+    loss = held["loss_barrier"]
+    assert loss["held_out"] == {"rank": 1.0, "l_hat": 0.0}
+    assert loss["full"]["rank"] == 2.0 and loss["full"]["l_hat"] == pytest.approx(100 * 0.5 / 2.0, abs=1e-12)
+    # Two orders tied on the whole data, each better on three clusters: the half that picks one holds
+    # two or three of its good clusters, so the other half holds at most one of them: the pick is
+    # always the worse order where it is scored (the evaluation's noise, which Stage 1 does not see).
+    middles = {"01": [12.0] * 3 + [18.0] * 3, "10": [18.0] * 3 + [12.0] * 3, None: [35.0] * 6}
+    orders = _write_order_curves(tmp_path / "tied", alphas, middles)
+    naive = tmp_path / "tied" / "naive_sweep_state.json"
+    held = lmc.experiments.table1.held_out_orders(orders, {"full": "01"}, tmp_path / "tied" / "orders", naive, alphas)
+    assert held["loss_barrier"]["held_out"]["rank"] == 2.0 and held["loss_barrier"]["held_out"]["l_hat"] > 0
+    assert 1.0 < held["loss_barrier"]["full"]["rank"] < 2.0  # right on the cuts that favour its good clusters
+    # Without a curve's clusters (a distributed evaluation), nothing is claimed.
+    naive.unlink()
+    assert (
+        lmc.experiments.table1.held_out_orders(orders, {"full": "01"}, tmp_path / "tied" / "orders", naive, alphas)
+        == {}
+    )
+
+
+def test_an_order_left_at_its_screening_bound_competes_with_that_bound(tmp_path):
+    whole, screening = [0.0, 0.25, 0.5, 0.75, 1.0], [0.0, 0.5, 1.0]
+    curves = (
+        (None, 35.0, whole, tmp_path / "naive_sweep_state.json"),
+        ("01", 20.0, whole, tmp_path / "orders" / "01" / "lmc_sweep_state_0.json"),
+        ("10", 15.0, screening, tmp_path / "orders" / "screening" / "10" / "lmc_sweep_state_0.json"),
+    )
+    orders = {}
+    for label, middle, alphas, path in curves:
+        store, curve = SweepStore(path, "k", {}), "naive" if label is None else "aligned"
+        for alpha in alphas:
+            loss = 10.0 if alpha in (0.0, 1.0) else middle
+            clusters = [{"count": 10.0, "loss": loss, "accuracy": 5.0}] * 4
+            store.put(curve, alpha, {"alpha": alpha, "loss": loss / 10, "accuracy": 0.5}, True, clusters)
+        if label is not None:
+            orders[label] = {"settings": {"alphas": alphas}, "curves": {"aligned": {}}}
+    held = lmc.experiments.table1.held_out_orders(
+        orders, {"full": "01"}, tmp_path / "orders", tmp_path / "naive_sweep_state.json", whole
+    )
+    # 10's bound (0.5) undercuts 01's barrier (1.0): it is the pick, and the best order, on every half.
+    assert held["loss_barrier"]["held_out"] == {"rank": 1.0, "l_hat": 0.0}
+    assert held["loss_barrier"]["full"] == {"rank": 2.0, "l_hat": pytest.approx(100 * 0.5 / 2.0, abs=1e-12)}
+
+
 def _write_aligned_curve(path: Path, alphas: list[float], middle: list[float], clusters: bool = True) -> dict:
     """An aligned curve of 6 clusters of 10 samples, loss 1 at the end points and ``middle`` (loss sums) at 0.5,
     written as a sweep state; returns its barriers, computed from its points."""
@@ -507,7 +578,14 @@ def test_head_orders_rank_every_order_of_the_first_layer(tmp_path):
         barriers[order] = reference["curves"]["aligned"]["loss_barrier"]
     assert entry["loss_barrier"]["top1"] == min(barriers.values())
     assert entry["loss_barrier"]["rank"] == 1 + sum(b < barriers[entry["order"]] for b in barriers.values())
-    assert "| full |" in (tmp_path / "run" / "summary.md").read_text().split("Head orders")[1]
+    table = (tmp_path / "run" / "summary.md").read_text().split("Head orders")[1].splitlines()
+    header = next(line for line in table if line.startswith("| alignment |"))
+    row = next(line for line in table if line.startswith("| full |"))
+    assert "| L_hat loss % on a half | held-out pick's |" in header and row.count("|") == header.count("|")
+    # The held-out pick, read from the sweep states: on two alphas every barrier is 0, so all orders
+    # tie, and without a naive barrier there is no L_hat (NaN, written as null).
+    assert entry["loss_barrier"]["halves"]["held_out"] == {"rank": 1.0, "l_hat": None}
+    assert study["alignments"]["full"]["loss_barrier"]["halves"]["pairs"] == 1
 
 
 def test_head_orders_on_every_other_alpha_rank_every_barrier_on_those_alphas(tmp_path):

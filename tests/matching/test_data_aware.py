@@ -203,8 +203,10 @@ def test_missing_or_short_calibration_is_refused_with_the_fix():
 def test_options_refuse_unknown_data_settings():
     with pytest.raises(ValueError, match="unknown objective 'activations'"):
         AlignOptions(objective="activations")
-    with pytest.raises(ValueError, match="calibration_batches must be an integer >= 1"):
-        AlignOptions(calibration_batches=0)
+    for batches in (0, "some", True, 2.0):
+        with pytest.raises(ValueError, match=f"calibration_batches must be an integer >= 1 or 'all', got {batches!r}"):
+            AlignOptions(calibration_batches=batches)
+    assert AlignOptions(metric="midpoint", calibration_batches="all").data_aware
     with pytest.raises(ValueError, match="unknown unit_matching 'activations'; choose one of weight, activation"):
         AlignOptions(unit_matching="activations")
     assert not AlignOptions().data_aware and AlignOptions(metric="activation").data_aware
