@@ -28,6 +28,7 @@ hand; ``--render`` renders the Markdown again from the JSON, measuring nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -37,6 +38,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ SHAPES = {
     "1b": (2048, 16, 32, 8, 8192, 128256, True),  # Llama-3.2-1B
     "8b": (4096, 32, 32, 8, 14336, 128256, False),  # Llama-3-8B
     "8b-2layers": (4096, 2, 32, 8, 14336, 128256, False),  # Llama-3-8B's layers, two of them: per-layer costs
+    "8b-4layers-32k": (4096, 4, 32, 8, 14336, 32000, False),  # four of them, a small vocabulary: memory by layer
     "small": (2048, 4, 32, 8, 8192, 32000, False),  # Llama-3.2-1B's layers, four of them: ~0.75 GB a model
     "tiny": (256, 2, 4, 2, 512, 1000, False),  # a check of this script
     "pythia-6.9b": (4096, 32, 32, 32, 16384, 50432, False),  # Pythia-6.9B (GPT-NeoX, parallel residual)
@@ -58,6 +61,7 @@ NAMES = {
     "1b": "Llama-3.2-1B",
     "8b": "Llama-3-8B",
     "8b-2layers": "Llama-3-8B widths, 2 layers",
+    "8b-4layers-32k": "Llama-3-8B widths, 4 layers, 32k vocab",
     "small": "Llama-3.2-1B widths, 4 layers, 32k vocab",
     "tiny": "tiny",
     "pythia-6.9b": "Pythia-6.9B (GPT-NeoX)",
@@ -159,6 +163,47 @@ def peak_rss() -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_anon() -> int:
+    """This process's resident anonymous memory now (bytes): what it allocated, without mapped files."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class MemoryTrace:
+    """``RssAnon`` sampled by a thread every ``interval`` seconds and at each phase's start, by phase (:meth:`enter`):
+    each phase's peak, and the value at the end of each step (:meth:`step_end`: what is kept between steps)."""
+
+    def __init__(self, interval: float = 0.05):
+        self.phase, self.peaks, self.after_steps = "setup", {}, {}
+        self.sample()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._sample_every, args=(interval,), daemon=True)
+        self.thread.start()
+
+    def sample(self) -> int:
+        value = rss_anon()
+        self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), value)
+        return value
+
+    def _sample_every(self, interval: float) -> None:
+        while not self.stopped.wait(interval):
+            self.sample()
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self.sample()
+
+    def step_end(self) -> None:
+        self.after_steps.setdefault(self.phase, []).append(self.sample())
+
+    def stop(self) -> dict:
+        self.stopped.set()
+        self.thread.join()
+        return {"peak_by_phase": self.peaks, "after_steps": self.after_steps}
 
 
 def measure_floor(source: str, target: str) -> dict:
@@ -263,14 +308,49 @@ def measure_full_floor(source: str, target: str) -> dict:
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss()}
 
 
-def measure_streamed_full(source: str, target: str, output: str) -> dict:
+def measure_streamed_full(source: str, target: str, output: str, release: str = "true") -> dict:
     """``align_directories`` at ``full_model``, its time split: reads of the files (``SafetensorsCheckpoint.rows``),
     assignments (``lmc.matching.permutation.best_permutation`` of the weight-matching steps, with each
     one's size and seconds), and the rest (GEMMs of the correlations and Grams, Stage 2, transforms,
-    writes); and its rounds."""
+    writes); its rounds; and its memory by phase (:class:`MemoryTrace`: each descent round, Stage 2,
+    the write pass, the check of the written layers). ``release="false"`` measures it without
+    :func:`lmc.formats.streamed.release_freed_memory` (as lmc was before it)."""
+    import lmc.formats.streamed as streamed
+    import lmc.matching.aligner as aligner
     import lmc.matching.layers as layers
     from lmc.formats.safetensors import SafetensorsCheckpoint
     from lmc.formats.streamed import _StreamedDescent
+
+    if release == "false":
+        streamed._MALLOC_TRIM = None
+    trace = MemoryTrace()
+    holding, align_attention, write, written_error = (
+        _StreamedDescent.holding,
+        aligner.WeightDescent.align_attention,
+        streamed._write,
+        streamed._written_error,
+    )
+
+    @contextlib.contextmanager
+    def traced_holding(self, names):
+        with holding(self, names):
+            yield
+        trace.step_end()
+
+    def traced_align_attention(self, index):
+        trace.enter("stage 2")
+        align_attention(self, index)
+        trace.step_end()
+
+    def in_phase(phase, function):
+        def traced(*args):
+            trace.enter(phase)
+            return function(*args)
+
+        return traced
+
+    _StreamedDescent.holding, aligner.WeightDescent.align_attention = traced_holding, traced_align_attention
+    streamed._write, streamed._written_error = in_phase("write", write), in_phase("check", written_error)
 
     spent, assignments, rounds = {"read": 0.0, "assignment": 0.0}, [], [0]
     solve, rows, descent_round = (
@@ -294,6 +374,7 @@ def measure_streamed_full(source: str, target: str, output: str) -> dict:
 
     def counted(self, *args):
         rounds[0] += 1
+        trace.enter(f"round {rounds[0]}")
         return descent_round(self, *args)
 
     layers.best_permutation, SafetensorsCheckpoint.rows = timed_solve, timed_rows  # correlated_units calls it
@@ -304,6 +385,7 @@ def measure_streamed_full(source: str, target: str, output: str) -> dict:
     row["rounds"] = rounds[0]
     row["assignment_seconds_by_size"] = {str(n): sum(t for m, t in assignments if m == n) for n in sizes}
     row["assignments"] = len(assignments)
+    row["memory"] = trace.stop()
     return row
 
 
@@ -424,6 +506,8 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for shape, row in results.items():
+        if "all_attention" not in row:  # measured with --full-model-only
+            continue
         streamed, floor = row["all_attention"], row["floor"]
         stages = streamed["stages"]
         rest = streamed["seconds"] - sum(stages.values())
@@ -440,7 +524,9 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
             f"| **{_gb(streamed['peak_rss'])}** | {streamed['distance_ratio']:.4f} "
             f"| {streamed['probe_relative_error']:.1e} |"
         )
-    floors = ", ".join(f"{NAMES.get(shape, shape)} {_gb(row['floor']['peak_rss'])}" for shape, row in results.items())
+    floors = ", ".join(
+        f"{NAMES.get(shape, shape)} {_gb(row['floor']['peak_rss'])}" for shape, row in results.items() if "floor" in row
+    )
     lines += ["", f"Peak RSS of the Gram-pass floor alone: {floors}."]
     in_memory = {shape: row["full_model"] for shape, row in results.items() if "full_model" in row}
     if in_memory:
@@ -495,6 +581,7 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
                 f"| {run['assignments']} ({sizes}) | {_seconds(floor['seconds'])} | {per_round:.2f} "
                 f"| **{_gb(run['peak_rss'])}** | {ratio} | {run['distance_ratio']:.4f} |"
             )
+        lines += _memory_lines(streamed_full)
     lines += ["", "## Machines", ""]
     for shape, row in results.items():
         where = row.get("machine")
@@ -507,6 +594,35 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
                 + (f"; {row['note']}." if row.get("note") else ".")
             )
     return "\n".join(lines) + "\n"
+
+
+def _memory_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """The memory traces of the streamed ``full_model`` runs (:class:`MemoryTrace`), and what releasing the freed
+    memory saved where a run without it was measured beside."""
+    lines = []
+    for shape, row in rows.items():
+        runs = [(key, row[key]) for key in ("full_model_streamed_unreleased", "full_model_streamed") if key in row]
+        runs = [(key, run) for key, run in runs if "memory" in run]
+        if not runs:
+            continue
+        lines += [
+            "",
+            f"Memory of {NAMES.get(shape, shape)} by phase (`RssAnon`, sampled every 0.05 s; peak RSS is `VmHWM`):",
+            "",
+        ]
+        for key, run in runs:
+            memory = run["memory"]
+            peaks = ", ".join(f"{phase} {_gb(value)}" for phase, value in memory["peak_by_phase"].items())
+            kept = "; ".join(
+                f"{phase}: {' '.join(f'{value / 1e9:.2f}' for value in values)}"
+                for phase, values in memory["after_steps"].items()
+            )
+            how = "without releasing freed memory" if key.endswith("unreleased") else "as lmc runs it"
+            lines.append(
+                f"- {how} ({_seconds(run['seconds'])}, peak RSS {_gb(run['peak_rss'])}): peaks {peaks}; "
+                f"kept after each step (GB) {kept}."
+            )
+    return lines
 
 
 def write_results(results: dict[str, dict[str, Any]], output: Path) -> None:
@@ -531,6 +647,16 @@ def main() -> None:
         action="store_true",
         help="also stream full_model on shapes not aligned in memory (the 8B: about 32 GB more to write)",
     )
+    parser.add_argument(
+        "--full-model-only",
+        action="store_true",
+        help="measure only the streamed full_model and its floor (with --full-model-streamed or a FULL_MODEL shape)",
+    )
+    parser.add_argument(
+        "--compare-release",
+        action="store_true",
+        help="stream full_model first without release_freed_memory, then with it (the memory it saves)",
+    )
     parser.add_argument("--note", default="", help="a remark on the machine, rendered with its row")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # this checkout's lmc, not an installed one
@@ -550,22 +676,29 @@ def main() -> None:
             if args.note:
                 row["note"] = args.note
             print(shape, "written", row, flush=True)
-            row["floor"] = in_subprocess(args.threads, "measure_floor", str(source), str(target))
-            print(shape, "floor", row["floor"], flush=True)
             output = workdir / "aligned"
-            row["io_floor"] = in_subprocess(args.threads, "measure_io_floor", str(source), str(target), str(output))
-            print(shape, "I/O floor", row["io_floor"], flush=True)
-            row["all_attention"] = in_subprocess(
-                args.threads, "measure_streamed", str(source), str(target), str(output), "all_attention"
-            )
-            print(shape, "all_attention", row["all_attention"], flush=True)
-            shutil.rmtree(output)
+            if not args.full_model_only:
+                row["floor"] = in_subprocess(args.threads, "measure_floor", str(source), str(target))
+                print(shape, "floor", row["floor"], flush=True)
+                row["io_floor"] = in_subprocess(args.threads, "measure_io_floor", str(source), str(target), str(output))
+                print(shape, "I/O floor", row["io_floor"], flush=True)
+                row["all_attention"] = in_subprocess(
+                    args.threads, "measure_streamed", str(source), str(target), str(output), "all_attention"
+                )
+                print(shape, "all_attention", row["all_attention"], flush=True)
+                shutil.rmtree(output)
             if shape in FULL_MODEL or args.full_model_streamed:
                 for folder in (source, target):
                     shutil.rmtree(folder)
                 source, target, _ = write_pair(shape, workdir, independent=True)
                 row["full_model_floor"] = in_subprocess(args.threads, "measure_full_floor", str(source), str(target))
                 print(shape, "full_model floor", row["full_model_floor"], flush=True)
+                if args.compare_release:
+                    row["full_model_streamed_unreleased"] = in_subprocess(
+                        args.threads, "measure_streamed_full", str(source), str(target), str(output), "false"
+                    )
+                    print(shape, "full_model streamed, unreleased", row["full_model_streamed_unreleased"], flush=True)
+                    shutil.rmtree(output)
                 row["full_model_streamed"] = in_subprocess(
                     args.threads, "measure_streamed_full", str(source), str(target), str(output)
                 )

@@ -24,9 +24,12 @@ head and residual permutations for ``full_model``), run on a view that reads eac
 through the group element found so far, so no model is ever held whole: a round of the descent
 reads each tensor of both models once, block by block, and forms the block's FFN correlation, Grams
 and share of the ``d x d`` residual correlation from that read (:meth:`_StreamedDescent.descent_round`).
-Every transform is applied to a tensor read as stored, so the aligned weights equal in-memory
-``align``'s bit for bit (a permutation moves values exactly, and each attention layer's
-element is applied once as in memory); the distances equal them up to the order of summation.
+In the other scopes no permutation crosses layers, so each attention layer is aligned when the
+write pass first reaches it (:class:`_AlignedTensors`), from the read that writes it: the alignment
+reads each tensor of both models once. Every transform is applied to a tensor read as stored, so
+the aligned weights equal in-memory ``align``'s bit for bit (a permutation moves values exactly,
+and each attention layer's element is applied once as in memory); the distances equal them up to
+the order of summation.
 
 The whole-model probe of :func:`~lmc.matching.align` needs the model in memory; instead each
 aligned attention layer is checked on its own (:func:`~lmc.matching.checks.attention_probe_error`,
@@ -37,9 +40,11 @@ permutations of FFN units and of the residual stream move values exactly) keeps 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -88,6 +93,31 @@ STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_b
 
 
 CPU = torch.device("cpu")
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (``None`` where the C library has none: musl, macOS, Windows)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def release_freed_memory() -> None:
+    """Hand the memory freed so far back to the operating system (glibc; elsewhere nothing).
+
+    glibc serves blocks below its mmap threshold (which rises up to 32 MB as larger blocks are
+    freed) from its heaps and keeps them resident once freed. A streamed alignment frees tensors of
+    8-32 MB layer after layer (an 8B layer's K/V projections, their float32 copies, the Grams), and
+    the freed space counts in the process's memory until it is reused
+    (``benchmarks/streamed_align.py`` traces it); ``malloc_trim`` returns it between steps.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def checked_device(device: str | torch.device) -> torch.device:
@@ -345,6 +375,7 @@ class _StreamedDescent(WeightDescent):
         # exactly, so both give the same bits).
         transform.apply_(self.parameters.held, self.spec, partial=True)
         self.parameters.forget()
+        release_freed_memory()
 
     @contextlib.contextmanager
     def holding(self, names: Iterable[str]) -> Iterator[None]:
@@ -356,6 +387,7 @@ class _StreamedDescent(WeightDescent):
             yield
         finally:
             self.parameters.held, self.target.held = {}, {}
+            release_freed_memory()
 
     def descent_round(
         self, spec: SymmetrySpec, attention: list[int], feed_forward: list[int], residual_axes: list
@@ -422,44 +454,81 @@ def _on_cpu(transform: ModelTransform) -> ModelTransform:
     )
 
 
+_Layer = dict[str, torch.Tensor]
+"""An attention layer's tensors by name."""
+
+
 class _AlignedTensors:
     """The tensors the final transform moves, computed when a shard first needs them; each attention
-    layer's together, checked on its probe and dropped once all its tensors are written."""
+    layer's together, checked on its probe and dropped once all its tensors are written.
 
-    def __init__(self, aligned: _Transformed, report: AlignmentReport, dtype: torch.dtype):
-        self.aligned, self.report, self.dtype = aligned, report, dtype
+    In a scope without the residual stream each attention layer's element depends on that layer
+    alone, so the layers of ``deferred`` are aligned here, when the write pass first reaches them
+    (by ``descent``): their tensors of both models are read once, for the alignment and the output.
+    """
+
+    def __init__(
+        self,
+        aligned: _Transformed,
+        report: AlignmentReport,
+        dtype: torch.dtype,
+        descent: _StreamedDescent | None = None,
+        deferred: Iterable[int] = (),
+    ):
+        self.aligned, self.report, self.dtype, self.descent = aligned, report, dtype, descent
+        self.deferred = set(deferred)
         spec, transform = aligned.spec, report.transform
         permutations = _permutations(spec, transform)
         self.moved = {name for permutation in permutations for name, _ in permutation.axes}
-        attention = {name for i in transform.attention for name in spec.blocks[i].attention.parameters}
+        layers = self.deferred | transform.attention.keys()
+        attention = {name for i in layers for name in spec.blocks[i].attention.parameters}
         self.moved |= attention
         # Tensors whose rows stay in place are moved a chunk of rows at a time (an embedding, an LM head).
         self.whole = attention | _rows_moved(permutations)
-        self.ready: dict[int, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], set[str]]] = {}
+        self.ready: dict[int, tuple[_Layer, _Layer, _Layer | None, set[str]]] = {}
 
-    def take(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tensor ``name`` of the source and aligned."""
-        group = self.aligned.group(name)
-        if len(group) == 1:
+    def take(self, name: str, target: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tensor ``name`` of the source, aligned, and of ``target``."""
+        index = self.aligned.layer_of.get(name)
+        if index is None or (index not in self.deferred and index not in self.report.transform.attention):
             source = self.aligned.source[name]
-            return source, self.aligned.moved({name: source})[name]
-        index = self.aligned.layer_of[name]
+            return source, self.aligned.moved({name: source})[name], target[name]
+        names = self.aligned.spec.blocks[index].attention.parameters
         if index not in self.ready:
-            self.ready[index] = (*self._align(index, group), set())
-        source, aligned, written = self.ready[index]
+            self.ready[index] = (*self._align(index, names), set())
+        source, aligned, targets, written = self.ready[index]
         written.add(name)
-        if len(written) == len(group):
+        if len(written) == len(names):
             del self.ready[index]
-        return source[name], aligned[name]
+        return source[name], aligned[name], target[name] if targets is None else targets[name]
 
-    def _align(self, index: int, names: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        source = {name: self.aligned.source.read(name) for name in names}
-        aligned = self.aligned.moved(source)  # from the tensors just read: each is read once
+    def _align(self, index: int, names: tuple[str, ...]) -> tuple[_Layer, _Layer, _Layer | None]:
+        """Layer ``index`` of the source, aligned, and of the target where it was read with them."""
+        if index in self.deferred:
+            source, aligned, target = self._align_layer(index, names)
+        else:
+            source = {name: self.aligned.source.read(name) for name in names}
+            aligned, target = self.aligned.moved(source), None  # from the tensors just read: each is read once
         layer, options = self.aligned.spec.blocks[index].attention, self.report.options
         error = attention_probe_error(layer, source, aligned, options.seed, self.report.transform.residual)
         self.report.probe_relative_error = max(self.report.probe_relative_error, error)
         check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
-        return source, aligned
+        return source, aligned, target
+
+    def _align_layer(self, index: int, names: tuple[str, ...]) -> tuple[_Layer, _Layer, _Layer]:
+        """Both stages on attention layer ``index`` from one read of its tensors in each model (on the
+        descent's device); the source's, the aligned and the target's tensors on the CPU."""
+        descent = self.descent
+        with descent.holding(names):
+            source = {name: tensor.clone() for name, tensor in descent.parameters.held.items()}
+            descent.original.held = source  # the naive distance's
+            try:
+                descent.align_attention(index)  # moves the held tensors by the layer's element, in place
+            finally:
+                descent.original.held = {}
+            aligned, target = descent.parameters.held, descent.target.held
+        self.report.transform = _on_cpu(self.report.transform)
+        return tuple({name: tensor.cpu() for name, tensor in layer.items()} for layer in (source, aligned, target))
 
 
 def _pieces(
@@ -469,7 +538,7 @@ def _pieces(
     transformed whole, else chunks of rows (``aligned`` is then the source's piece itself where the transform
     leaves the tensor)."""
     if name in blocks.whole:
-        yield *blocks.take(name), target[name]
+        yield blocks.take(name, target)
         return
     is_float = source.entries[name].is_float
     for start, stop in source.chunks(name):
@@ -522,6 +591,7 @@ def _write(
                         write_tensor(handle, merged)
                         del merged
                     del source_piece, aligned, target_piece  # before the next piece is read (see _pieces)
+                release_freed_memory()
         finally:
             for handle in handles.values():
                 handle.close()
@@ -634,19 +704,27 @@ def align_directories(
     check_same_attention(spec, model_spec(target_model))
     report = AlignmentReport.start(scope, options, dtype)
     descent = _StreamedDescent(source, target, spec, report, dtype, device)
+    deferred: list[int] = []
     if options.method != "naive":
         attention, feed_forward, whole = scope_blocks(spec, scope)
         check_head_orders(options.head_orders, attention, scope)
-        weight_alignment(descent, spec, attention, feed_forward, whole)
+        # Without the residual stream, each attention layer is aligned when the write pass reaches it: one read.
+        deferred = [] if whole else attention
+        weight_alignment(descent, spec, [] if deferred else attention, feed_forward, whole)
 
     parameters = {name for name, _ in model.named_parameters()}
     scoped = set(scope_parameters(model, scope, spec))
-    del descent  # what it keeps on the device
     report.transform = _on_cpu(report.transform)
-    blocks = _AlignedTensors(_Transformed(_Checked(source, "source"), spec, report), report, dtype)
+    aligned = _Transformed(_Checked(source, "source"), spec, report)
+    blocks = _AlignedTensors(aligned, report, dtype, descent if deferred else None, deferred)
+    del descent  # what it keeps on the device, unless the write pass aligns layers
     with atomic_output_folder(output, inputs=[source.folder, target.folder]) as temporary:
         folders = {None: temporary / "aligned", **{a: temporary / f"merged_{a:g}" for a in alphas}}
+        first = len(report.layers)
         squared = _write(source, target, folders, blocks, parameters, scoped, scope)
+        # The write pass aligned layers in the order the files hold them: report them by layer, as in memory.
+        order = {spec.blocks[index].attention.name: index for index in deferred}
+        report.layers[first:] = sorted(report.layers[first:], key=lambda record: order[record.name])
         for folder in folders.values():
             _copy_other_files(source.folder, folder)
         report.distance = {key: value**0.5 for key, value in squared.items()}

@@ -9,15 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.streamed_align import render
+from benchmarks.streamed_align import SHAPES, render
 
 ROOT = Path(__file__).parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _leaves(value: object, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    """The key paths of a JSON object's leaves; a mapping keyed by data (the assignments' sizes) is one leaf."""
-    if not isinstance(value, dict) or prefix[-1:] == ("assignment_seconds_by_size",):
+    """The key paths of a JSON object's leaves; a mapping keyed by data (the assignments' sizes, the memory by
+    phase) is one leaf."""
+    if not isinstance(value, dict) or prefix[-1:] in (
+        ("assignment_seconds_by_size",),
+        ("peak_by_phase",),
+        ("after_steps",),
+    ):
         return {prefix}
     return set().union(*(_leaves(v, (*prefix, k)) for k, v in value.items())) if value else {prefix}
 
@@ -32,7 +37,7 @@ def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
     """A run on the tiny shape writes the JSON and its rendering; the committed rows hold no field it does not."""
     output = tmp_path / "results" / "streamed.json"
     script = str(ROOT / "benchmarks" / "streamed_align.py")
-    command = [sys.executable, script, "--shapes", "tiny", "neox-tiny", "--threads", "1"]
+    command = [sys.executable, script, "--shapes", "tiny", "neox-tiny", "--threads", "1", "--compare-release"]
     run = subprocess.run(
         [*command, "--workdir", str(tmp_path / "work"), "--output", str(output), "--note", "a test run"],
         capture_output=True,
@@ -48,6 +53,14 @@ def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
     assert ("machine", "load_average_before") in fields and ("full_model", "peak_rss") in fields
     assert ("full_model_streamed", "split", "assignment") in fields and ("full_model_floor", "seconds") in fields
     assert ("io_floor", "seconds") in fields
+    # The streamed full_model's memory by phase, with and without releasing the freed memory: the same alignment.
+    for shape, row in written.items():
+        unreleased, released = row["full_model_streamed_unreleased"], row["full_model_streamed"]
+        assert unreleased["distance_ratio"] == released["distance_ratio"]
+        phases = list(released["memory"]["peak_by_phase"])
+        assert phases[:2] == ["setup", "round 1"] and phases[-3:] == ["stage 2", "write", "check"], (shape, phases)
+        blocks = SHAPES[shape][1]
+        assert len(released["memory"]["after_steps"]["stage 2"]) == blocks  # one Stage 2 step per layer
     # Streamed full_model on the GPT-NeoX pair finds the in-memory alignment (its distances up to summation order).
     neox = written["neox-tiny"]
     assert neox["full_model_streamed"]["distance_ratio"] == pytest.approx(
