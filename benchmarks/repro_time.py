@@ -64,15 +64,28 @@ def timed(command: list[str], cwd: Path, log: Path) -> dict[str, float]:
     return {"wall": wall, "cpu": children_seconds() - own, "machine_cpu": busy_seconds() - busy}
 
 
-def measure(repo: Path, commit: str, workdir: Path) -> dict[str, Any]:
-    """Clone ``repo`` at ``commit`` into ``workdir`` and time ``make install`` and ``make repro`` there."""
+def clone(repo: Path, commit: str, workdir: Path) -> str:
+    """A fresh clone of ``repo`` at ``commit`` in ``workdir``; its short revision. Nothing is left behind on failure."""
     if workdir.exists():
         raise SystemExit(f"{workdir} exists: remove it or pass another --workdir (the clone must be fresh)")
-    subprocess.run(["git", "clone", "--quiet", "--no-local", str(repo), str(workdir)], check=True)
-    subprocess.run(["git", "checkout", "--quiet", commit], cwd=workdir, check=True)
-    revision = subprocess.run(
+    steps = (["clone", "--quiet", "--no-local", str(repo), str(workdir)], ["checkout", "--quiet", commit])
+    for arguments in steps:
+        run = subprocess.run(
+            ["git", *arguments], cwd=workdir if workdir.exists() else None, capture_output=True, text=True
+        )
+        if run.returncode:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise SystemExit(
+                f"git {arguments[0]} failed: {run.stderr.strip()} (check --repo {repo} and --commit {commit})"
+            )
+    return subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=workdir, check=True, capture_output=True, text=True
     ).stdout.strip()
+
+
+def measure(repo: Path, commit: str, workdir: Path) -> dict[str, Any]:
+    """Clone ``repo`` at ``commit`` into ``workdir`` and time ``make install`` and ``make repro`` there."""
+    revision = clone(repo, commit, workdir)
     started = datetime.datetime.now(datetime.timezone.utc)
     install = timed(["make", "install"], workdir, workdir / "install.log")
     study = timed(["make", "repro"], workdir, workdir / "repro.log")

@@ -61,3 +61,12 @@ def test_a_fresh_clone_is_timed_and_its_report_copied_back(tmp_path):
     # The clone must be fresh: a second run into the same folder is refused.
     again = subprocess.run([*command, "--workdir", str(tmp_path / "clone")], cwd=ROOT, capture_output=True, text=True)
     assert again.returncode != 0 and "the clone must be fresh" in again.stderr
+    # A commit the repository lacks: one line naming it, and no clone left behind to block the next run.
+    missing = subprocess.run(
+        [*command, "--workdir", str(tmp_path / "other"), "--commit", "0000000"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode != 0 and missing.stderr.strip().splitlines()[-1].startswith("git checkout failed: ")
+    assert "--commit 0000000" in missing.stderr and not (tmp_path / "other").exists()
