@@ -14,7 +14,9 @@ alike. The Llama-3.2-1B shape is measured the same way, and at ``full_model`` on
 everywhere: streamed (its time split into reads, assignments and the rest, its rounds, and the
 floor of one round: :func:`measure_full_floor`) and with ``lmc.matching.align`` in memory.
 
-Each finished shape is written to ``--output`` (its row replacing that shape's) and the JSON is
+Each finished shape is written to ``--output`` (its row replacing that shape's; with ``--full-model-only``
+joining the shape's earlier ``all_attention`` row; the file is read again just before, so runs of other
+shapes that finished meanwhile stay) and the JSON is
 rendered to the Markdown beside it (``results/streamed_align.md``): every figure of the Markdown
 is one of the JSON's, or arithmetic on them and on this file's constants. Never edit either by
 hand; ``--render`` renders the Markdown again from the JSON, measuring nothing.
@@ -179,6 +181,7 @@ class MemoryTrace:
 
     def __init__(self, interval: float = 0.05):
         self.phase, self.peaks, self.after_steps = "setup", {}, {}
+        self.seconds, self.entered = {}, time.perf_counter()  # wall seconds by phase
         self.sample()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._sample_every, args=(interval,), daemon=True)
@@ -194,16 +197,54 @@ class MemoryTrace:
             self.sample()
 
     def enter(self, phase: str) -> None:
+        self._clock()
         self.phase = phase
         self.sample()
+
+    def _clock(self) -> None:
+        now = time.perf_counter()
+        self.seconds[self.phase] = self.seconds.get(self.phase, 0.0) + now - self.entered
+        self.entered = now
 
     def step_end(self) -> None:
         self.after_steps.setdefault(self.phase, []).append(self.sample())
 
     def stop(self) -> dict:
+        self._clock()
         self.stopped.set()
         self.thread.join()
         return {"peak_by_phase": self.peaks, "after_steps": self.after_steps}
+
+
+class PhaseSplit:
+    """Seconds of timed kinds of work (reads, GEMMs, assignments) by the :class:`MemoryTrace` phase they end
+    in, each exclusive of the timed work inside it (the reads a correlation makes are reads, not GEMMs)."""
+
+    def __init__(self, trace: MemoryTrace):
+        self.trace, self.seconds, self.nested = trace, {}, []
+
+    def timed(self, kind: str, function):
+        def run(*args, **kwargs):
+            begin = time.perf_counter()
+            self.nested.append(0.0)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent, inside = time.perf_counter() - begin, self.nested.pop()
+                kinds = self.seconds.setdefault(self.trace.phase, {})
+                kinds[kind] = kinds.get(kind, 0.0) + spent - inside
+                if self.nested:
+                    self.nested[-1] += spent
+
+        return run
+
+    def by_phase(self) -> dict[str, dict[str, float]]:
+        """``{phase: {"seconds": wall, kind: seconds, ..., "rest": the untimed}}`` in the order phases ran."""
+        split = {}
+        for phase, wall in self.trace.seconds.items():
+            kinds = self.seconds.get(phase, {})
+            split[phase] = {"seconds": wall, **kinds, "rest": wall - sum(kinds.values())}
+        return split
 
 
 def measure_floor(source: str, target: str) -> dict:
@@ -320,6 +361,7 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
     import lmc.matching.layers as layers
     from lmc.formats.safetensors import SafetensorsCheckpoint
     from lmc.formats.streamed import _StreamedDescent
+    from lmc.matching.grams import LayerGrams
 
     if release == "false":
         streamed._MALLOC_TRIM = None
@@ -352,24 +394,13 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
     _StreamedDescent.holding, aligner.WeightDescent.align_attention = traced_holding, traced_align_attention
     streamed._write, streamed._written_error = in_phase("write", write), in_phase("check", written_error)
 
-    spent, assignments, rounds = {"read": 0.0, "assignment": 0.0}, [], [0]
-    solve, rows, descent_round = (
-        layers.best_permutation,
-        SafetensorsCheckpoint.rows,
-        _StreamedDescent.descent_round,
-    )
+    split, assignments, rounds = PhaseSplit(trace), [], [0]
+    solve, descent_round = layers.best_permutation, _StreamedDescent.descent_round
 
-    def timed_solve(correlation):
+    def sized_solve(correlation):
         begin = time.perf_counter()
         found = solve(correlation)
         assignments.append((len(correlation), time.perf_counter() - begin))
-        spent["assignment"] += assignments[-1][1]
-        return found
-
-    def timed_rows(self, name, begin_row, end_row):
-        begin = time.perf_counter()
-        found = rows(self, name, begin_row, end_row)
-        spent["read"] += time.perf_counter() - begin
         return found
 
     def counted(self, *args):
@@ -377,15 +408,20 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
         trace.enter(f"round {rounds[0]}")
         return descent_round(self, *args)
 
-    layers.best_permutation, SafetensorsCheckpoint.rows = timed_solve, timed_rows  # correlated_units calls it
+    layers.best_permutation = split.timed("assignment", sized_solve)  # correlated_units calls it
+    SafetensorsCheckpoint.rows = split.timed("read", SafetensorsCheckpoint.rows)
+    aligner.axis_correlation = split.timed("gemm", aligner.axis_correlation)  # the residual and unit correlations
+    LayerGrams.compute = staticmethod(split.timed("gemm", LayerGrams.compute))
     _StreamedDescent.descent_round = counted
     row = measure_streamed(source, target, output, "full_model")
     sizes = sorted({size for size, _ in assignments})
+    row["memory"] = trace.stop()
+    row["split_by_phase"] = split.by_phase()
+    spent = {kind: sum(p.get(kind, 0.0) for p in row["split_by_phase"].values()) for kind in ("read", "assignment")}
     row["split"] = {**spent, "rest": row["seconds"] - sum(spent.values())}
     row["rounds"] = rounds[0]
     row["assignment_seconds_by_size"] = {str(n): sum(t for m, t in assignments if m == n) for n in sizes}
     row["assignments"] = len(assignments)
-    row["memory"] = trace.stop()
     return row
 
 
@@ -438,7 +474,18 @@ def machine() -> dict[str, Any]:
         "memory_bytes": memory,
         "torch": torch.__version__,
         "load_average_before": os.getloadavg()[0],
+        "lmc_commit": lmc_commit(),
     }
+
+
+def lmc_commit() -> str:
+    """The commit of the lmc measured (this checkout's), ``+changes`` where lmc/ or benchmarks/ differ from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    return commit + ("+changes" if git("status", "--porcelain", "--", "lmc", "benchmarks") else "")
 
 
 def _lines(path: str) -> list[str]:
@@ -581,19 +628,50 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
                 f"| {run['assignments']} ({sizes}) | {_seconds(floor['seconds'])} | {per_round:.2f} "
                 f"| **{_gb(run['peak_rss'])}** | {ratio} | {run['distance_ratio']:.4f} |"
             )
+        lines += _split_lines(streamed_full)
         lines += _memory_lines(streamed_full)
     lines += ["", "## Machines", ""]
     for shape, row in results.items():
-        where = row.get("machine")
-        if where is None:
-            lines.append(f"- {NAMES.get(shape, shape)}: not recorded (measured before the script recorded it).")
-        else:
+        runs = [(NAMES.get(shape, shape), row)]
+        if "full_model_run" in row:
+            context = row["full_model_run"]
+            runs.append(
+                (f"{NAMES.get(shape, shape)}, streamed `full_model` ({context['threads']} torch threads)", context)
+            )
+        for name, run in runs:
+            where = run.get("machine")
+            if where is None:
+                lines.append(f"- {name}: not recorded (measured before the script recorded it).")
+                continue
+            commit = f", lmc {where['lmc_commit']}" if "lmc_commit" in where else ""
             lines.append(
-                f"- {NAMES.get(shape, shape)}: {where['cpu']}, {where['cores']} cores, {_gb(where['memory_bytes'])} "
-                f"of memory, torch {where['torch']}, load average {where['load_average_before']:.2f} before the run"
-                + (f"; {row['note']}." if row.get("note") else ".")
+                f"- {name}: {where['cpu']}, {where['cores']} cores, {_gb(where['memory_bytes'])} of memory, torch "
+                f"{where['torch']}{commit}, load average {where['load_average_before']:.2f} before the run"
+                + (f"; {run['note']}." if run.get("note") else ".")
             )
     return "\n".join(lines) + "\n"
+
+
+def _split_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """The time of each streamed ``full_model`` run by phase (:class:`PhaseSplit`)."""
+    lines = []
+    for shape, row in rows.items():
+        split = row["full_model_streamed"].get("split_by_phase")
+        if split is None:  # measured before the script split it
+            continue
+        lines += [
+            "",
+            f"Time of {NAMES.get(shape, shape)}'s streamed run by phase (setup: the folders opened and the residual",
+            "step on the tensors no other permutation moves; a round: the FFN, head and residual steps; GEMMs: the",
+            "correlations and Grams; rest: Stage 2's solves, transforms, writes, probe checks):",
+            "",
+            "| phase | wall | file reads | GEMMs | assignments | rest |",
+            "|---|---|---|---|---|---|",
+        ]
+        for phase, kinds in split.items():
+            parts = " | ".join(_seconds(kinds.get(kind, 0.0)) for kind in ("read", "gemm", "assignment", "rest"))
+            lines.append(f"| {phase} | {_seconds(kinds['seconds'])} | {parts} |")
+    return lines
 
 
 def _memory_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
@@ -623,6 +701,20 @@ def _memory_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
                 f"kept after each step (GB) {kept}."
             )
     return lines
+
+
+def merged(output: Path, shape: str, row: dict[str, Any], full_model_only: bool) -> dict[str, dict[str, Any]]:
+    """The results in ``output`` as they are now (another run may have written it since this one began) with
+    ``row`` as ``shape``'s. A ``--full-model-only`` row joins the shape's earlier ``all_attention`` measurements,
+    its own run's context (machine, threads, note, the pair's writing) under ``full_model_run``."""
+    results = json.loads(output.read_text()) if output.exists() else {}
+    earlier = results.get(shape, {})
+    if full_model_only and "all_attention" in earlier:
+        measured = {key: value for key, value in row.items() if key.startswith("full_model")}
+        context = {key: value for key, value in row.items() if not key.startswith("full_model")}
+        row = {**earlier, **measured, "full_model_run": context}
+    results[shape] = row
+    return results
 
 
 def write_results(results: dict[str, dict[str, Any]], output: Path) -> None:
@@ -660,9 +752,8 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a remark on the machine, rendered with its row")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # this checkout's lmc, not an installed one
-    results = json.loads(args.output.read_text()) if args.output.exists() else {}
     if args.render:
-        write_results(results, args.output)
+        write_results(json.loads(args.output.read_text()), args.output)
         return
     for shape in args.shapes:
         workdir = args.workdir / shape
@@ -713,8 +804,7 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     row["full_model"] = {"timed_out_after": args.full_model_timeout}
                 print(shape, "full_model", row["full_model"], flush=True)
-            results[shape] = row
-            write_results(results, args.output)
+            write_results(merged(args.output, shape, row, args.full_model_only), args.output)
         finally:
             if not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)

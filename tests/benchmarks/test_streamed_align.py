@@ -67,6 +67,33 @@ def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
         neox["full_model"]["distance_ratio"], rel=1e-9
     )
     assert "a test run" in output.with_suffix(".md").read_text()
+    # Each phase's time split into kinds of work, exclusive of one another: they add up to at most its wall
+    # time, and the phases' wall times to the run's (measured from just before it to just after).
+    for shape, row in written.items():
+        run = row["full_model_streamed"]
+        split = run["split_by_phase"]
+        assert list(split) == list(run["memory"]["peak_by_phase"]), shape
+        assert all(value >= -1e-9 for kinds in split.values() for value in kinds.values()), (shape, split)
+        assert {"read", "gemm", "assignment"} <= set(split["round 1"]), split["round 1"]
+        assert run["seconds"] <= sum(kinds["seconds"] for kinds in split.values()) <= run["seconds"] + 1.0
+        by_size = sum(run["assignment_seconds_by_size"].values())  # timed inside the split's timer: a wrapper less
+        assert by_size <= run["split"]["assignment"] <= by_size + 1e-4 * run["assignments"]
+    # A --full-model-only run joins the shape's row: the earlier measurements stay, its own context apart.
+    again = [*command[:2], "--shapes", "tiny", "--threads", "1", "--full-model-only", "--note", "a second run"]
+    run = subprocess.run(
+        [*again, "--workdir", str(tmp_path / "work"), "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    joined = json.loads(output.read_text())
+    assert list(joined) == ["tiny", "neox-tiny"] and joined["neox-tiny"] == written["neox-tiny"]
+    assert joined["tiny"]["all_attention"] == written["tiny"]["all_attention"]
+    assert joined["tiny"]["note"] == "a test run" and joined["tiny"]["full_model_run"]["note"] == "a second run"
+    assert joined["tiny"]["full_model_streamed"] != written["tiny"]["full_model_streamed"]  # measured again
+    assert "a second run" in output.with_suffix(".md").read_text()
+    written, fields = joined, _leaves(joined["tiny"])
     committed = json.loads((RESULTS / "streamed_align.json").read_text())
     for shape, row in committed.items():
         assert _leaves(row) <= fields, (shape, sorted(_leaves(row) - fields))

@@ -40,15 +40,16 @@ def float64_correlation(source: dict[str, torch.Tensor], target: dict[str, torch
     return correlation
 
 
-def test_the_blocked_correlation_equals_the_float64_sum_exactly_on_integer_weights(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # added by blocks of rows / in place
+def test_the_blocked_correlation_equals_the_float64_sum_exactly_on_integer_weights(monkeypatch, dtype):
     # Integer weights in [-4, 4]: every float32 product and partial sum is an integer below 2^24, so
     # exact in any order; any block of rows or columns misplaced, dropped or added twice shows.
     generator = torch.Generator().manual_seed(0)
     source, target = weights(generator, True), weights(generator, True)
     monkeypatch.setattr(lmc.matching.permutation, "CHUNK_ENTRIES", 7 * SIZE + 5)  # 7 rows, 7 columns: uneven
-    correlation = axis_correlation(source, target, UNITS)
-    assert correlation.dtype == torch.float64
-    assert torch.equal(correlation, float64_correlation(source, target))
+    correlation = axis_correlation(source, target, UNITS, dtype)
+    assert correlation.dtype == dtype
+    assert torch.equal(correlation.double(), float64_correlation(source, target))
 
 
 def test_the_blocked_correlation_is_the_float64_sum_up_to_float32_rounding_of_each_piece(monkeypatch):
