@@ -703,16 +703,24 @@ def _memory_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+RUN_CONTEXT = ("model_bytes", "write_seconds", "threads", "machine", "note")
+"""What a row says of the run that measured it, besides its measurements."""
+
+
 def merged(output: Path, shape: str, row: dict[str, Any], full_model_only: bool) -> dict[str, dict[str, Any]]:
     """The results in ``output`` as they are now (another run may have written it since this one began) with
     ``row`` as ``shape``'s. A ``--full-model-only`` row joins the shape's earlier ``all_attention`` measurements,
-    its own run's context (machine, threads, note, the pair's writing) under ``full_model_run``."""
+    its own run's context (:data:`RUN_CONTEXT`) under ``full_model_run``; a row without ``full_model``
+    measurements keeps the shape's earlier ones, with their run's context under ``full_model_run``."""
     results = json.loads(output.read_text()) if output.exists() else {}
     earlier = results.get(shape, {})
+    full = {key for key in (*row, *earlier) if key.startswith("full_model")}
     if full_model_only and "all_attention" in earlier:
-        measured = {key: value for key, value in row.items() if key.startswith("full_model")}
-        context = {key: value for key, value in row.items() if not key.startswith("full_model")}
-        row = {**earlier, **measured, "full_model_run": context}
+        context = {key: value for key, value in row.items() if key not in full}
+        row = {**earlier, **{key: row[key] for key in full & row.keys()}, "full_model_run": context}
+    elif not full & row.keys() and full & earlier.keys():  # an attention run keeps the earlier full_model one
+        context = earlier.get("full_model_run") or {key: earlier[key] for key in RUN_CONTEXT if key in earlier}
+        row = {**row, **{key: earlier[key] for key in full & earlier.keys()}, "full_model_run": context}
     results[shape] = row
     return results
 

@@ -32,8 +32,9 @@ and each attention layer's element is applied once as in memory); the distances 
 the order of summation.
 
 The whole-model probe of :func:`~lmc.matching.align` needs the model in memory; instead each
-aligned attention layer is checked on its own (:func:`~lmc.matching.checks.attention_probe_error`,
-its input and output moved by the residual permutation): every layer keeping its function (the
+aligned attention layer is checked on its own (:class:`~lmc.matching.checks.AttentionProbe`, its
+input and output moved by the residual permutation), once as aligned and once as written and read
+back, against the source layer's output computed once: every layer keeping its function (the
 permutations of FFN units and of the residual stream move values exactly) keeps the whole model's.
 """
 
@@ -67,7 +68,7 @@ from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder,
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
 from lmc.matching.aligner import WeightDescent, weight_alignment
 from lmc.matching.checks import (
-    attention_probe_error,
+    AttentionProbe,
     check_dtype,
     check_finite,
     check_head_orders,
@@ -487,6 +488,9 @@ class _AlignedTensors:
         # Tensors whose rows stay in place are moved a chunk of rows at a time (an embedding, an LM head).
         self.whole = attention | _rows_moved(permutations)
         self.ready: dict[int, tuple[_Layer, _Layer, _Layer | None, set[str]]] = {}
+        # Each aligned layer's probe and the source layer's output on it: the written layer's check reads
+        # only the written tensors.
+        self.references: dict[int, tuple[AttentionProbe, torch.Tensor]] = {}
 
     def take(self, name: str, target: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Tensor ``name`` of the source, aligned, and of ``target``."""
@@ -511,7 +515,9 @@ class _AlignedTensors:
             source = {name: self.aligned.source.read(name) for name in names}
             aligned, target = self.aligned.moved(source), None  # from the tensors just read: each is read once
         layer, options = self.aligned.spec.blocks[index].attention, self.report.options
-        error = attention_probe_error(layer, source, aligned, options.seed, self.report.transform.residual)
+        probe = AttentionProbe(layer, options.seed)
+        self.references[index] = probe, probe.output(source)
+        error = probe.error(self.references[index][1], aligned, self.report.transform.residual)
         self.report.probe_relative_error = max(self.report.probe_relative_error, error)
         check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
         return source, aligned, target
@@ -604,21 +610,20 @@ def _write(
 
 
 def _written_error(
-    source: Mapping[str, torch.Tensor], written: SafetensorsCheckpoint, spec: SymmetrySpec, report: AlignmentReport
+    written: SafetensorsCheckpoint,
+    spec: SymmetrySpec,
+    report: AlignmentReport,
+    references: Mapping[int, tuple[AttentionProbe, torch.Tensor]],
 ) -> float:
     """The largest probe error of the aligned attention layers as written to disk and read back (the
-    layers whose weights were rounded; every other tensor is a permuted copy, checked by its size)."""
+    layers whose weights were rounded; every other tensor is a permuted copy, checked by its size),
+    against the source layers' outputs on each probe (``references``, :attr:`_AlignedTensors.references`)."""
     error = 0.0
     for index in sorted(report.transform.attention):
         layer = spec.blocks[index].attention
         names = layer.parameters
-        found = attention_probe_error(
-            layer,
-            {name: source[name] for name in names},
-            {name: written[name] for name in names},
-            report.options.seed,
-            report.transform.residual,
-        )
+        probe, reference = references[index]
+        found = probe.error(reference, {name: written[name] for name in names}, report.transform.residual)
         check_probe(found, report.check_rtol, written[names[0]].dtype, report.options.check_rtol is None,
                     f"layer {layer.name} as written to {written.folder}")  # fmt: skip
         error = max(error, found)
@@ -730,7 +735,7 @@ def align_directories(
             _copy_other_files(source.folder, folder)
         report.distance = {key: value**0.5 for key, value in squared.items()}
         written = SafetensorsCheckpoint(folders[None], [folders[None] / shard for shard in source.shards])
-        written_error = _written_error(source, written.renamed(saved_names), spec, report)
+        written_error = _written_error(written.renamed(saved_names), spec, report, blocks.references)
         report.seconds = time.perf_counter() - started
         named = {"aligned": output / "aligned", **{f"merged_{a:g}": output / f"merged_{a:g}" for a in alphas}}
         document = alignment_document(

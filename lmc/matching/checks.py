@@ -14,7 +14,7 @@ from torch import nn
 
 from lmc.adapters import adapter_for, model_spec, scope_parameters
 from lmc.matching.results import PROBE_RTOL, AlignmentError, dtype_name
-from lmc.symmetry import AttentionSpec, Scope, SymmetrySpec, check_scope, read_attention
+from lmc.symmetry import AttentionSpec, Scope, SymmetrySpec, check_scope, head_rows
 
 
 def check_storage(source: nn.Module, target: nn.Module) -> None:
@@ -195,6 +195,80 @@ def check_probe(error: float, rtol: float, dtype: torch.dtype, default_rtol: boo
     )
 
 
+#: Rows of a projection converted to float64 at once by :class:`AttentionProbe` (2 MB of float64 at width
+#: 1,024): the probe reads the stored weights through views, and no copy of a layer is made.
+PROBE_ROWS = 256
+
+
+class AttentionProbe:
+    """One attention layer's output on a fixed random input ``x``, ``(T, d)``: the probe of a layer's function.
+
+    The output (docs/spec.md, section 1, RoPE included, no mask) is computed in float64 from the
+    stored weights, so the rounding of aligned weights to their dtype is measured. The weights
+    are read through views of the stored tensors (:func:`~lmc.symmetry.head_rows`), a block of
+    :data:`PROBE_ROWS` rows converted at a time. Every layer keeping its function keeps the
+    whole model's.
+
+    Args:
+        layer: The layer.
+        seed: Seed of ``x``: 16 tokens (fewer if the RoPE table is shorter) of width ``d``.
+    """
+
+    def __init__(self, layer: AttentionSpec, seed: int = 0):
+        self.layer = layer
+        length = 16 if layer.rotary is None else min(16, layer.rotary.angles.shape[0])
+        self.x = torch.randn(length, layer.width, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+    def output(self, tensors: Mapping[str, torch.Tensor], residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output ``(T, d)`` with the weights ``tensors`` (by spec name), in float64.
+
+        Args:
+            tensors: The layer's tensors.
+            residual: A residual-stream permutation the weights carry (``full_model``): the layer
+                reads ``x`` permuted by it.
+        """
+        layer, x = self.layer, self.x if residual is None else self.x[:, residual]
+        length, head_dim = len(x), layer.head_dim
+
+        def project(name: str, heads: int) -> torch.Tensor:  # (heads, T, d_h)
+            rows = head_rows(tensors, layer, name)
+            states = torch.cat([x @ block.double().T for block in rows.split(PROBE_ROWS)], dim=1)
+            bias = head_rows(tensors, layer, f"{name}_bias")
+            if bias is not None:
+                states = states + bias.double()
+            states = states.unflatten(1, (heads, head_dim)).transpose(0, 1)
+            if layer.rotary is None or name == "value":
+                return states
+            first, second = layer.rotary.pairs.T  # pair p turns by angles[t, p]
+            angles = layer.rotary.angles[:length].double()  # a table read off a model may be float32
+            cos, sin = angles.cos(), angles.sin()
+            a, b = states[..., first], states[..., second]
+            rotated = states.clone()
+            rotated[..., first], rotated[..., second] = a * cos - b * sin, a * sin + b * cos
+            return rotated
+
+        queries, kv = layer.num_heads, layer.num_kv_heads
+        q = project("query", queries)
+        k = project("key", kv).repeat_interleave(layer.queries_per_kv, 0)
+        v = project("value", kv).repeat_interleave(layer.queries_per_kv, 0)
+        weights = (q @ k.mT / math.sqrt(head_dim)).softmax(-1)
+        heads = (weights @ v).transpose(0, 1).reshape(length, -1)  # (T, heads * d_h), head by head
+        out = head_rows(tensors, layer, "out")  # (heads * d_h, d)
+        output = torch.zeros(length, out.shape[1], dtype=torch.float64)
+        for start, block in zip(range(0, len(out), PROBE_ROWS), out.split(PROBE_ROWS)):
+            output += heads[:, start : start + len(block)] @ block.double()
+        return output
+
+    def error(
+        self, reference: torch.Tensor, tensors: Mapping[str, torch.Tensor], residual: torch.Tensor | None = None
+    ) -> float:
+        """``||f_tensors(x) - f_source(x)|| / ||f_source(x)||`` given ``reference = f_source(x)`` (:meth:`output`
+        of the source): with ``residual``, the output must come back permuted by it."""
+        moved = self.output(tensors, residual)
+        expected = reference if residual is None else reference[:, residual]
+        return float((moved - expected).norm() / reference.norm())
+
+
 def attention_probe_error(
     layer: AttentionSpec,
     source: Mapping[str, torch.Tensor],
@@ -202,48 +276,18 @@ def attention_probe_error(
     seed: int = 0,
     residual: torch.Tensor | None = None,
 ) -> float:
-    """``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` for one attention layer on a random ``x``.
-
-    The layer's output (docs/spec.md, section 1, RoPE included, no mask) is computed in float64
-    from the stored weights of each, so the rounding of the aligned weights to their dtype is
-    measured. Every layer keeping its function keeps the whole model's.
+    """``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` for one attention layer on a random ``x``
+    (:class:`AttentionProbe`).
 
     Args:
         layer: The layer.
         source, aligned: The layer's tensors before and after alignment, by spec name.
-        seed: Seed of the probe input, 16 tokens (fewer if the RoPE table is shorter) of width ``d``.
+        seed: Seed of the probe input.
         residual: The residual-stream permutation ``aligned`` also carries (``full_model``): the
             aligned layer reads the input permuted by it and must return the output permuted alike.
     """
-    length = 16 if layer.rotary is None else min(16, layer.rotary.angles.shape[0])
-    x = torch.randn(length, layer.width, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-    def rotate(states: torch.Tensor) -> torch.Tensor:  # (heads, T, d_h): pair p turns by angles[t, p]
-        if layer.rotary is None:
-            return states
-        first, second = layer.rotary.pairs.T
-        cos, sin = layer.rotary.angles[:length].cos(), layer.rotary.angles[:length].sin()
-        a, b = states[..., first], states[..., second]
-        rotated = states.clone()
-        rotated[..., first], rotated[..., second] = a * cos - b * sin, a * sin + b * cos
-        return rotated
-
-    def output(tensors: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        w = read_attention(tensors, layer)
-
-        def project(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # (heads, T, d_h)
-            states = torch.einsum("td,hde->hte", x, weight.double())
-            return states if bias is None else states + bias.double()[:, None, :]
-
-        q = rotate(project(w.query, w.query_bias))
-        k = rotate(project(w.key, w.key_bias)).repeat_interleave(layer.queries_per_kv, 0)
-        v = project(w.value, w.value_bias).repeat_interleave(layer.queries_per_kv, 0)
-        weights = (q @ k.mT / math.sqrt(layer.head_dim)).softmax(-1)
-        heads = (weights @ v).transpose(0, 1).reshape(length, -1)  # (T, heads * d_h)
-        return heads @ w.out.double().reshape(heads.shape[1], -1)  # (T, d): one GEMM, not einsum's per-head loop
-
-    reference, moved = output(source, x), output(aligned, x if residual is None else x[:, residual])
-    return float((moved - (reference if residual is None else reference[:, residual])).norm() / reference.norm())
+    probe = AttentionProbe(layer, seed)
+    return probe.error(probe.output(source), aligned, residual)
 
 
 # What ``equivalent`` compares besides the weights: the buffers (bitwise) and the settings.

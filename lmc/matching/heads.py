@@ -29,21 +29,33 @@ def invariant_products(grams: LayerGrams, queries_per_kv: int) -> dict[str, torc
     key_cross, key_source, key_target = grams.centred_key()
     q = queries_per_kv
 
-    def per_query(kv: torch.Tensor) -> torch.Tensor:  # expand KV-group blocks to query heads
-        kv = kv.repeat_interleave(q, 0)
-        return kv.repeat_interleave(q, 2) if kv.ndim == 4 else kv
-
-    def cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # (n, d_h, n', d_h) blocks -> (n, n')
-        return torch.einsum("iajb,iajb->ij", a.double(), b.double())
+    def per_query(kv: torch.Tensor) -> torch.Tensor:  # expand KV-group blocks (h_kv, d_h, d_h) to query heads
+        return kv.repeat_interleave(q, 0)
 
     return {
-        "qk_cross": cross(grams.query_cross, per_query(key_cross)),
-        "vo_cross": cross(per_query(grams.value_cross), grams.out_cross),
+        "qk_cross": _grouped_inner(grams.query_cross, key_cross, q),
+        "vo_cross": _grouped_inner(grams.out_cross, grams.value_cross, q),
         "qk_source": frobenius_inner(grams.query_source, per_query(key_source)).double(),
         "qk_target": frobenius_inner(grams.query_target, per_query(key_target)).double(),
         "vo_source": frobenius_inner(per_query(grams.value_source), grams.out_source).double(),
         "vo_target": frobenius_inner(per_query(grams.value_target), grams.out_target).double(),
     }
+
+
+def _grouped_inner(heads: torch.Tensor, groups: torch.Tensor, queries_per_kv: int) -> torch.Tensor:
+    """``<heads[i, :, j, :], groups[g(i), :, g(j), :]>`` in float64 for query heads ``i, j`` (``g``: a head's KV
+    group), shape ``(h, h)``, from ``heads`` ``(h, d_h, h, d_h)`` and ``groups`` ``(h_kv, d_h, h_kv, d_h)``.
+
+    One source KV group at a time, in float64 copies of its blocks only: the group blocks are never
+    expanded to the query heads (four copies of an 8B layer's 16.8M entries)."""
+    h_kv, head_dim = groups.shape[:2]
+    h = h_kv * queries_per_kv
+    blocks = heads.reshape(h_kv, queries_per_kv, head_dim, h_kv, queries_per_kv, head_dim)
+    inner = torch.empty(h_kv, queries_per_kv, h_kv, queries_per_kv, dtype=torch.float64, device=heads.device)
+    for group in range(h_kv):
+        products = blocks[group].double() * groups[group].double()[None, :, :, None, :]  # (q, d_h, h_kv, q, d_h)
+        inner[group] = products.sum(dim=(1, 4))
+    return inner.reshape(h, h)
 
 
 def head_cost(

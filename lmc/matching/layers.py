@@ -39,13 +39,14 @@ def stacked_copies(correlation: torch.Tensor, size: int) -> torch.Tensor:
     return sum(correlation[c * size : (c + 1) * size, c * size : (c + 1) * size] for c in range(copies))
 
 
-def layer_distance(source: dict, target: dict, layer) -> float:
-    """Distance over the layer's per-head weights and biases (elementwise on views: no GEMM)."""
+def layer_distance(source: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], layer) -> float:
+    """Distance over the layer's per-head weights and biases (:func:`squared_distance` of views: no GEMM, and
+    no temporary larger than its pieces)."""
     total = 0.0
     for name in ("query", "key", "value", "out", "query_bias", "key_bias", "value_bias"):
         rows = head_rows(source, layer, name)
         if rows is not None:
-            total += float((rows - head_rows(target, layer, name)).double().pow(2).sum())
+            total += squared_distance(rows, head_rows(target, layer, name))
     return total**0.5
 
 

@@ -76,8 +76,8 @@ def axis_correlation(
     sub-range are left out. A tensor permuted along another axis than its first is read a block of rows
     at a time (:func:`row_blocks`). Each product runs in :func:`~lmc.symmetry.compute_dtype` of the
     parameter's dtype, over at most :data:`CHUNK_ENTRIES` entries of each at a time, and each product is
-    added into the matrix in place (``addmm_``) where the matrix has the products' dtype and device, else
-    a block of rows at a time, so that no temporary of the matrix's size is made beside it.
+    added into the matrix in place (``addmm_``) for half-precision weights into a float32 matrix on their
+    device, else a block of rows at a time, so that no temporary of the matrix's size is made beside it.
 
     Args:
         source, target: Parameters holding (at least) the tensors of ``permutation.axes``, by name.
@@ -106,9 +106,11 @@ def axis_correlation(
             dtype = compute_dtype(a.dtype)
             for start in range(0, a.shape[1], step):
                 piece_a, piece_b = a[:, start : start + step].to(dtype), b[:, start : start + step].to(dtype)
-                if dtype == correlation.dtype and piece_a.device == correlation.device:
+                if dtype == correlation.dtype != a.dtype and piece_a.device == correlation.device:
                     # The GEMM adds into the matrix itself: no temporary, and at the full GEMM rate (row
                     # blocks of a few hundred rows cost an 8B model's FFN correlations about a quarter more).
+                    # Half-precision weights only: its float32 sums differ from the row blocks' by an ulp, and
+                    # float32 models keep the sums their committed alignments were found with.
                     correlation.addmm_(piece_a, piece_b.T)
                     continue
                 for row in range(0, size, step):

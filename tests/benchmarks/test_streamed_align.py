@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.streamed_align import SHAPES, render
+from benchmarks.streamed_align import SHAPES, merged, render
 
 ROOT = Path(__file__).parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -22,6 +22,7 @@ def _leaves(value: object, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]
         ("assignment_seconds_by_size",),
         ("peak_by_phase",),
         ("after_steps",),
+        ("split_by_phase",),
     ):
         return {prefix}
     return set().union(*(_leaves(v, (*prefix, k)) for k, v in value.items())) if value else {prefix}
@@ -30,6 +31,40 @@ def _leaves(value: object, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]
 def test_the_committed_markdown_is_the_rendering_of_the_committed_json():
     results = json.loads((RESULTS / "streamed_align.json").read_text())
     assert (RESULTS / "streamed_align.md").read_text() == render(results, "streamed_align.json")
+
+
+def test_rows_of_one_shape_from_runs_that_measured_different_things_are_joined(tmp_path):
+    output = tmp_path / "results.json"
+    attention = {"threads": 2, "note": "first", "floor": {"seconds": 1.0}, "all_attention": {"seconds": 2.0}}
+    output.write_text(json.dumps({"8b": attention, "1b": {"note": "other shape"}}))
+    # A --full-model-only run joins the attention row; its own context apart.
+    full = {
+        "threads": 1,
+        "note": "second",
+        "full_model_floor": {"seconds": 3.0},
+        "full_model_streamed": {"seconds": 4.0},
+    }
+    joined = merged(output, "8b", full, full_model_only=True)
+    assert joined["1b"] == {"note": "other shape"}
+    assert joined["8b"] == {
+        **attention,
+        "full_model_floor": {"seconds": 3.0},
+        "full_model_streamed": {"seconds": 4.0},
+        "full_model_run": {"threads": 1, "note": "second"},
+    }
+    # An attention run afterwards replaces the attention measurements and keeps the full_model ones.
+    output.write_text(json.dumps(joined))
+    again = {"threads": 2, "note": "third", "floor": {"seconds": 5.0}, "all_attention": {"seconds": 6.0}}
+    assert merged(output, "8b", again, full_model_only=False)["8b"] == {**joined["8b"], **again}
+    # Also where both were measured by one run: the earlier run's context goes with its full_model rows.
+    output.write_text(json.dumps({"8b": {**attention, "full_model_streamed": {"seconds": 7.0}}}))
+    assert merged(output, "8b", again, full_model_only=False)["8b"] == {
+        **again,
+        "full_model_streamed": {"seconds": 7.0},
+        "full_model_run": {"threads": 2, "note": "first"},
+    }
+    # A run that measured full_model replaces it.
+    assert merged(output, "8b", full, full_model_only=False)["8b"] == full
 
 
 @pytest.mark.slow

@@ -40,12 +40,13 @@ def float64_correlation(source: dict[str, torch.Tensor], target: dict[str, torch
     return correlation
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # added by blocks of rows / in place
-def test_the_blocked_correlation_equals_the_float64_sum_exactly_on_integer_weights(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # added by blocks of rows / in place (bf16)
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_the_blocked_correlation_equals_the_float64_sum_exactly_on_integer_weights(monkeypatch, dtype, stored):
     # Integer weights in [-4, 4]: every float32 product and partial sum is an integer below 2^24, so
     # exact in any order; any block of rows or columns misplaced, dropped or added twice shows.
     generator = torch.Generator().manual_seed(0)
-    source, target = weights(generator, True), weights(generator, True)
+    source, target = ({n: t.to(stored) for n, t in weights(generator, True).items()} for _ in range(2))
     monkeypatch.setattr(lmc.matching.permutation, "CHUNK_ENTRIES", 7 * SIZE + 5)  # 7 rows, 7 columns: uneven
     correlation = axis_correlation(source, target, UNITS, dtype)
     assert correlation.dtype == dtype
