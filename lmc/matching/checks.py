@@ -175,7 +175,7 @@ def check_probe(error: float, rtol: float, dtype: torch.dtype, default_rtol: boo
     """Raise :class:`AlignmentError` unless the aligned ``what`` keeps the source's outputs to ``rtol``.
 
     Args:
-        error: The relative output change on the probe (:func:`probe_error`, :func:`attention_probe_error`).
+        error: The relative output change on the probe (:func:`probe_error`, :meth:`AttentionProbe.error`).
         rtol: The tolerance applied.
         dtype: The stored dtype, whose rounding :data:`PROBE_RTOL` explains.
         default_rtol: Whether ``rtol`` is the dtype's default (a miss is then a bug of lmc, not of the setting).
@@ -267,27 +267,6 @@ class AttentionProbe:
         moved = self.output(tensors, residual)
         expected = reference if residual is None else reference[:, residual]
         return float((moved - expected).norm() / reference.norm())
-
-
-def attention_probe_error(
-    layer: AttentionSpec,
-    source: Mapping[str, torch.Tensor],
-    aligned: Mapping[str, torch.Tensor],
-    seed: int = 0,
-    residual: torch.Tensor | None = None,
-) -> float:
-    """``||f_aligned(x) - f_source(x)|| / ||f_source(x)||`` for one attention layer on a random ``x``
-    (:class:`AttentionProbe`).
-
-    Args:
-        layer: The layer.
-        source, aligned: The layer's tensors before and after alignment, by spec name.
-        seed: Seed of the probe input.
-        residual: The residual-stream permutation ``aligned`` also carries (``full_model``): the
-            aligned layer reads the input permuted by it and must return the output permuted alike.
-    """
-    probe = AttentionProbe(layer, seed)
-    return probe.error(probe.output(source), aligned, residual)
 
 
 # What ``equivalent`` compares besides the weights: the buffers (bitwise) and the settings.
