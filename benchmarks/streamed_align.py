@@ -761,6 +761,8 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # this checkout's lmc, not an installed one
     if args.render:
+        if not args.output.is_file():
+            parser.error(f"--render reads {args.output}, which does not exist: run a shape first, or name the JSON")
         write_results(json.loads(args.output.read_text()), args.output)
         return
     for shape in args.shapes:

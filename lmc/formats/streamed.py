@@ -516,8 +516,9 @@ class _AlignedTensors:
             aligned, target = self.aligned.moved(source), None  # from the tensors just read: each is read once
         layer, options = self.aligned.spec.blocks[index].attention, self.report.options
         probe = AttentionProbe(layer, options.seed)
-        self.references[index] = probe, probe.output(source)
-        error = probe.error(self.references[index][1], aligned, self.report.transform.residual)
+        reference = probe.output(source)
+        self.references[index] = probe, reference
+        error = probe.error(reference, aligned, self.report.transform.residual)
         self.report.probe_relative_error = max(self.report.probe_relative_error, error)
         check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
         return source, aligned, target

@@ -33,6 +33,14 @@ def test_the_committed_markdown_is_the_rendering_of_the_committed_json():
     assert (RESULTS / "streamed_align.md").read_text() == render(results, "streamed_align.json")
 
 
+def test_rendering_a_missing_json_is_one_line_naming_it(tmp_path):
+    missing = tmp_path / "none.json"
+    script = str(ROOT / "benchmarks" / "streamed_align.py")
+    run = subprocess.run([sys.executable, script, "--render", "--output", str(missing)], capture_output=True, text=True)
+    assert run.returncode == 2 and f"--render reads {missing}, which does not exist" in run.stderr
+    assert "Traceback" not in run.stderr and not list(tmp_path.iterdir())
+
+
 def test_rows_of_one_shape_from_runs_that_measured_different_things_are_joined(tmp_path):
     output = tmp_path / "results.json"
     attention = {"threads": 2, "note": "first", "floor": {"seconds": 1.0}, "all_attention": {"seconds": 2.0}}
