@@ -608,8 +608,10 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
             "`align_directories` at `full_model` on the independent pair. Floor of one round: read every tensor",
             "of both models once, layer by layer, and run the GEMMs a round needs (Grams, FFN correlations, the",
             "residual correlation). A round of the streamed descent reads each tensor of both models once (a",
-            "block's FFN, head and residual steps share one read); the whole run also reads the anchors before",
-            "the rounds, each layer for Stage 2 and both models to write, so the ratio is given per round. Split:",
+            "block's head and residual steps share one read) and each FFN once more, a tensor pair at a time into",
+            "its units' correlation, so that the correlation is never held beside both models' FFN (runs of lmc",
+            "cf7c59d and before held it: one read); the whole run also reads the anchors before the rounds, each",
+            "layer for Stage 2 and both models to write, so the ratio is given per round. Split:",
             "file reads, the assignments (`best_permutation`), the rest (GEMMs, Stage 2, transforms, writes).",
             "",
             "| shape | streamed | rounds | reads + assignments + rest | assignments (size: seconds) "

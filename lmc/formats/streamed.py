@@ -10,8 +10,8 @@ checks (:mod:`lmc.matching.checks`) and merge (:func:`~lmc.connectivity.interpol
 the layout comes from the model's adapter, the model built with its parameters on the ``meta``
 device (:func:`skeleton`).
 
-Peak memory stays near one layer pair plus one chunk of a tensor being copied (at ``full_model``, plus
-the largest FFN's correlation, float32 for bf16 or float32 weights): a tensor whose rows no symmetry
+Peak memory stays near one layer pair plus one chunk of a tensor being copied (at ``full_model``, or the
+largest FFN's correlation, float32 for bf16 or float32 weights, and one tensor pair): a tensor whose rows no symmetry
 moves, such as an embedding or an LM head, is read, moved, correlated and measured a block of rows at
 a time (:func:`~lmc.matching.permutation.row_blocks`), never whole. Each output
 shard is written through a stream (its header is the source shard's: aligning changes no name,
@@ -22,8 +22,9 @@ Every scope streams, ``full_model`` too: the solves are the in-memory ones
 (:func:`~lmc.matching.aligner.weight_alignment`, the coordinate descent over FFN, task-head, token,
 head and residual permutations for ``full_model``), run on a view that reads each source tensor
 through the group element found so far, so no model is ever held whole: a round of the descent
-reads each tensor of both models once, block by block, and forms the block's FFN correlation, Grams
-and share of the ``d x d`` residual correlation from that read (:meth:`_StreamedDescent.descent_round`).
+reads each tensor of both models once, block by block (an FFN's twice: once into its units' correlation,
+once moved by their permutation), and forms the block's Grams and share of the ``d x d`` residual
+correlation from that read (:meth:`_StreamedDescent.descent_round`).
 In the other scopes no permutation crosses layers, so each attention layer is aligned when the
 write pass first reaches it (:class:`_AlignedTensors`), from the read that writes it: the alignment
 reads each tensor of both models once. Every transform is applied to a tensor read as stored, so
@@ -293,6 +294,7 @@ class _Checked(Mapping[str, torch.Tensor]):
         if name in self.held:
             return self.held[name]
         if self.kept[0] != name:
+            self.kept = ("", None)  # dropped before the next is read: never two beside each other
             self.kept = (name, self.read(name))
         return self.kept[1]
 
@@ -354,6 +356,7 @@ class _Transformed(Mapping[str, torch.Tensor]):
         if name in self.held:
             return self.held[name]
         if name not in self.kept:
+            self.kept = {}  # dropped before the next group is read
             self.kept = self.transformed(self.group(name))
         return self.kept[name]
 
@@ -379,6 +382,16 @@ class _StreamedDescent(WeightDescent):
         self.parameters.forget()
         release_freed_memory()
 
+    def unit_correlation(self, permutation: AxisPermutation) -> torch.Tensor:
+        # Its tensors are read one pair at a time (nothing held): an 8B FFN's correlation (822 MB) and the
+        # pair being read are then the whole step beside what is kept, and the last pair is dropped before
+        # the assignment.
+        correlation = super().unit_correlation(permutation)
+        self.parameters.forget()
+        self.target.forget()
+        release_freed_memory()
+        return correlation
+
     @contextlib.contextmanager
     def holding(self, names: Iterable[str]) -> Iterator[None]:
         """Read tensors ``names`` (whole attention layers) of both models once and serve them from memory."""
@@ -394,16 +407,17 @@ class _StreamedDescent(WeightDescent):
     def descent_round(
         self, spec: SymmetrySpec, attention: list[int], feed_forward: list[int], residual_axes: list
     ) -> bool:
-        """A round of :meth:`WeightDescent.descent_round` reading each tensor once from each model.
+        """A round of :meth:`WeightDescent.descent_round` reading each tensor of both models once, an FFN's twice.
 
         The FFN, task-head, token and head steps each depend on the residual permutation only (each
-        moves tensors no other of them reads), so their order does not change what they find: each
-        block's FFN step runs on its FFN's tensors read together, then its head step on its attention
-        layer's (held one after the other: an 8B layer's FFN of both models and its correlation are
-        most of the peak), and the block's share of the residual correlation is formed from the same
-        tensors, moved by them. The residual correlation adds up the same products as in memory,
-        grouped by step (float64 sums in another order: equal up to rounding, the permutation found
-        alike).
+        moves tensors no other of them reads), so their order does not change what they find. Each
+        block's FFN step reads its tensors one pair at a time into the units' correlation
+        (:meth:`unit_correlation`); then the block's tensors are read again through the permutation
+        found and held for its head step and its share of the residual correlation, formed from the
+        same tensors, moved by them. Holding an 8B FFN of both models (704 MB) beside its correlation
+        (822 MB) was most of the peak; reading it twice costs a few percent of a round. The residual
+        correlation adds up the same products as in memory, grouped by step (float64 sums in another
+        order: equal up to rounding, the permutation found alike).
         """
         changed = False
         for index in range(len(spec.task_heads)):
@@ -429,9 +443,11 @@ class _StreamedDescent(WeightDescent):
             rest = tuple((name, axis) for name, axis in residual_axes if name not in held)
             residual = self.residual_correlation(rest)
         for index, moves_units, moves_heads, names in steps:
+            if moves_units:
+                changed |= self.permute_feed_forward(index)
+            if not moves_heads and residual is None:
+                continue
             with self.holding(names):
-                if moves_units:
-                    changed |= self.permute_feed_forward(index)
                 if moves_heads:
                     changed |= self.permute_heads(index)
                 if residual is not None:
