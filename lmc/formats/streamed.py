@@ -10,10 +10,10 @@ checks (:mod:`lmc.matching.checks`) and merge (:func:`~lmc.connectivity.interpol
 the layout comes from the model's adapter, the model built with its parameters on the ``meta``
 device (:func:`skeleton`).
 
-Peak memory stays near one layer pair plus one chunk of a tensor being copied (at ``full_model``, or the
-largest FFN's correlation, float32 for bf16 or float32 weights, and one tensor pair): a tensor whose rows no symmetry
-moves, such as an embedding or an LM head, is read, moved, correlated and measured a block of rows at
-a time (:func:`~lmc.matching.permutation.row_blocks`), never whole. Each output
+Peak memory stays near one layer pair plus one chunk of a tensor being copied, or at ``full_model`` the
+largest FFN's correlation (float32 for bf16 or float32 weights) and one tensor pair: a tensor whose
+rows no symmetry moves, such as an embedding or an LM head, is read, moved, correlated and measured a
+block of rows at a time (:func:`~lmc.matching.permutation.row_blocks`), never whole. Each output
 shard is written through a stream (its header is the source shard's: aligning changes no name,
 shape or dtype). The output folder is written under a temporary name and renamed into place when
 complete (:func:`~lmc.io.atomic_output_folder`): never half-written, never over an input.

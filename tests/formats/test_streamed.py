@@ -565,6 +565,51 @@ def test_a_descent_round_reads_each_tensor_once_from_each_model_an_ffn_twice(tmp
     assert len(reads) == 2 * len(rounds) * len(stored)  # nothing else read in a round
 
 
+def test_an_ffn_step_holds_one_tensor_pair_while_correlating_and_none_while_assigning(tmp_path, monkeypatch):
+    # The correlation of an FFN's units is its step's largest allocation (822 MB at 8B widths): beside it
+    # the streamed view keeps at most one tensor of the other model while reading one, never both models'
+    # FFN, and nothing read at all while the assignment runs.
+    streamed = lmc.formats.streamed
+    read, unit_correlation = streamed._Checked.read, streamed._StreamedDescent.unit_correlation
+    best_permutation = streamed._StreamedDescent.best_permutation
+    beside_reads, beside_assignments, correlating = [], [], []
+
+    def kept(descent) -> list[str]:
+        source, original, target = descent.parameters, descent.original, descent.target
+        names = [*source.held, *source.kept, *original.held, *target.held]
+        return names + [name for name in (original.kept[0], target.kept[0]) if name]
+
+    def watched_read(mapping, name):
+        if correlating:
+            beside_reads.append((name, kept(correlating[-1])))
+        return read(mapping, name)
+
+    def watched_unit_correlation(descent, permutation):
+        correlating.append(descent)
+        try:
+            return unit_correlation(descent, permutation)
+        finally:
+            correlating.clear()
+
+    def watched_best_permutation(descent, permutation, correlation):
+        if permutation in hidden:
+            beside_assignments.append(kept(descent))
+        return best_permutation(descent, permutation, correlation)
+
+    source, target = (randomize_parameters_(create_model("llama-tiny"), seed=seed) for seed in (0, 1))
+    hidden = [block.feed_forward.hidden for block in model_spec(source).blocks]
+    monkeypatch.setattr(streamed._Checked, "read", watched_read)
+    monkeypatch.setattr(streamed._StreamedDescent, "unit_correlation", watched_unit_correlation)
+    monkeypatch.setattr(streamed._StreamedDescent, "best_permutation", watched_best_permutation)
+    source_dir, target_dir = save(source, tmp_path / "source", True), save(target, tmp_path / "target", False)
+    align_directories(source_dir, target_dir, tmp_path / "out", "full_model")
+    feed_forward = {name for permutation in hidden for name, _ in permutation.axes}
+    assert {name for name, _ in beside_reads} == feed_forward
+    assert len(beside_assignments) >= 2 * len(hidden)  # every FFN in every round
+    assert max(len(names) for _, names in beside_reads) == 1, beside_reads
+    assert not any(beside_assignments), beside_assignments
+
+
 @pytest.mark.parametrize("scope", ["first_attention", "all_attention"])
 def test_an_attention_scope_reads_each_tensor_of_both_models_once(tmp_path, monkeypatch, scope):
     # Each attention layer is aligned when the write pass reaches it, from the same read that writes it:
