@@ -425,7 +425,9 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
     return row
 
 
-def measure_in_memory(source: str, target: str, scope: str) -> dict:
+def measure_in_memory(source: str, target: str, scope: str, output: str) -> dict:
+    """``align`` on both models loaded whole, the aligned model then saved to ``output`` as the streamed
+    run writes its own: ``seconds`` covers the loads, the alignment and the save, like the streamed time."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -434,10 +436,13 @@ def measure_in_memory(source: str, target: str, scope: str) -> dict:
     start = time.perf_counter()
     models = [AutoModelForCausalLM.from_pretrained(f, dtype=torch.bfloat16) for f in (source, target)]
     loaded = time.perf_counter() - start
-    _, report = align(*models, scope=scope)
+    aligned, report = align(*models, scope=scope)
+    saving = time.perf_counter()
+    aligned.save_pretrained(output, max_shard_size=SHARD_BYTES)
     return {
         "seconds": time.perf_counter() - start,
         "load_seconds": loaded,
+        "save_seconds": time.perf_counter() - saving,
         "peak_rss": peak_rss(),
         "distance_ratio": report.distance["aligned"] / report.distance["naive"],
         "probe_relative_error": report.probe_relative_error,
@@ -582,10 +587,11 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
             "## `full_model` in memory",
             "",
             "Measured with `lmc.matching.align` after `from_pretrained` of both bf16 models, a pair independent",
-            "everywhere: the reference of the streamed `full_model` below.",
+            "everywhere, then `save_pretrained` of the aligned model (rows without a save time: runs of lmc",
+            "d93479c and before, which did not save): the reference of the streamed `full_model` below.",
             "",
-            "| shape | time (loading both) | peak RSS | x one model | distance aligned / naive | probe relative "
-            "error |",
+            "| shape | time (loading both; saving) | peak RSS | x one model | distance aligned / naive | probe "
+            "relative error |",
             "|---|---|---|---|---|---|",
         ]
         for shape, run in in_memory.items():
@@ -595,7 +601,8 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
                 )
                 continue
             lines.append(
-                f"| {_shape_text(shape)} | **{_seconds(run['seconds'])}** ({_seconds(run['load_seconds'])}) "
+                f"| {_shape_text(shape)} | **{_seconds(run['seconds'])}** ({_seconds(run['load_seconds'])}; "
+                f"{_seconds(run['save_seconds']) if 'save_seconds' in run else '-'}) "
                 f"| **{_gb(run['peak_rss'])}** | {run['peak_rss'] / results[shape]['model_bytes']:.1f} "
                 f"| {run['distance_ratio']:.4f} | {run['probe_relative_error']:.1e} |"
             )
@@ -810,11 +817,12 @@ def main() -> None:
             if shape in FULL_MODEL:
                 try:
                     row["full_model"] = in_subprocess(
-                        args.threads, "measure_in_memory", str(source), str(target), "full_model",
+                        args.threads, "measure_in_memory", str(source), str(target), "full_model", str(output),
                         timeout=args.full_model_timeout,
                     )  # fmt: skip
                 except subprocess.TimeoutExpired:
                     row["full_model"] = {"timed_out_after": args.full_model_timeout}
+                shutil.rmtree(output, ignore_errors=True)
                 print(shape, "full_model", row["full_model"], flush=True)
             write_results(merged(args.output, shape, row, args.full_model_only), args.output)
         finally:

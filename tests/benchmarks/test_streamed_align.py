@@ -96,6 +96,9 @@ def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
     assert ("machine", "load_average_before") in fields and ("full_model", "peak_rss") in fields
     assert ("full_model_streamed", "split", "assignment") in fields and ("full_model_floor", "seconds") in fields
     assert ("io_floor", "seconds") in fields
+    # The in-memory reference saves its aligned model, as the streamed run writes its own, within its time.
+    for row in written.values():
+        assert 0 < row["full_model"]["save_seconds"] < row["full_model"]["seconds"] - row["full_model"]["load_seconds"]
     # The streamed full_model's memory by phase, with and without releasing the freed memory: the same alignment.
     for shape, row in written.items():
         unreleased, released = row["full_model_streamed_unreleased"], row["full_model_streamed"]
