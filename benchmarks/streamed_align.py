@@ -439,10 +439,11 @@ def measure_in_memory(source: str, target: str, scope: str, output: str) -> dict
     aligned, report = align(*models, scope=scope)
     saving = time.perf_counter()
     aligned.save_pretrained(output, max_shard_size=SHARD_BYTES)
+    finished = time.perf_counter()
     return {
-        "seconds": time.perf_counter() - start,
+        "seconds": finished - start,
         "load_seconds": loaded,
-        "save_seconds": time.perf_counter() - saving,
+        "save_seconds": finished - saving,
         "peak_rss": peak_rss(),
         "distance_ratio": report.distance["aligned"] / report.distance["naive"],
         "probe_relative_error": report.probe_relative_error,
