@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import platform
@@ -345,7 +344,7 @@ def measure_full_floor(source: str, target: str) -> dict:
             dtype = compute_dtype(source_part[hidden.axes[0][0]].dtype)  # as the descent's unit correlations
             axis_correlation(source_part, target_part, hidden, dtype)
         axes = tuple(pair for name in names for pair in residual.get(name, []))
-        axis_correlation(source_part, target_part, dataclasses.replace(spec.residual, axes=axes))
+        axis_correlation(source_part, target_part, spec.residual.restricted(axes))
     return {"seconds": time.perf_counter() - start, "peak_rss": peak_rss()}
 
 

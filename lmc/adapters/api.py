@@ -90,10 +90,14 @@ def describe_scopes(model: nn.Module) -> dict[Scope, dict[str, Any]]:
     - ``residual_width``: the residual coordinates it permutes (``d`` at ``full_model``; 0 at
       the other scopes, and where a fixed tensor added to the stream, a sinusoidal table, leaves
       no permutation of it a symmetry) and ``residual_permutations``, their orders
-      (``residual_width!``);
+      (``residual_width!``); ``residual_signs``, the stream's sign group (``"each"``, ``"global"`` or
+      ``"none"``: docs/spec.md, section 2, "Signs of the residual stream"; ``"none"`` where the scope does not
+      move the stream) and ``residual_sign_flips``, its order (``2**residual_width``, 2 or 1);
     - ``other_permutations``: the orders of the task heads' hidden units and of the learned
-      tokens (``full_model`` only; 1 elsewhere);
-    - ``permutations``: the order of the scope's discrete group, the product of the four above;
+      tokens (``full_model`` only; 1 elsewhere), and ``other_sign_flips``, those of the task heads' signs
+      (BERT's tanh pooler: ``2**hidden_size``; RoFormer's embedding space: 2);
+    - ``permutations``: the order of the scope's discrete group, the product of the four orders above and
+      of the sign flips;
     - ``moved_axes``: how many axes of the scope's parameters a group of the scope acts on, and
       ``fixed_axes``: how many no group does, per reason (:data:`~lmc.symmetry.REASONS`; ``scope``
       for an axis only a wider scope's group moves, the residual one of a projection);
@@ -110,18 +114,24 @@ def describe_scopes(model: nn.Module) -> dict[Scope, dict[str, Any]]:
         reasons = [role.reason for role in roles.values() if role.reason is not None]
         attention, feed_forward, whole = scope_blocks(spec, scope)
         residual = spec.residual.size if whole and spec.residual is not None else 0
+        signs = spec.residual.signs if residual else "none"
         others = [head.size for head in spec.task_heads] + ([] if spec.tokens is None else [spec.tokens.size])
         orders = {
             "head_permutations": math.prod(layers[i]["head_permutations"] for i in attention),
             "ffn_permutations": math.prod(layers[i]["ffn_permutations"] for i in feed_forward),
             "residual_permutations": math.factorial(residual),
             "other_permutations": math.prod(map(math.factorial, others)) if whole else 1,  # full_model only
+            "residual_sign_flips": sign_flips(signs, residual),
+            "other_sign_flips": math.prod(sign_flips(head.signs, head.size) for head in spec.task_heads)
+            if whole
+            else 1,
         }
         scopes[scope] = {
             "attention_layers": attention,
             "feed_forwards": feed_forward,
             "group_dim": sum(layers[i]["group_dim"] for i in attention),
             "residual_width": residual,
+            "residual_signs": signs,
             **orders,
             "permutations": math.prod(orders.values()),
             "moved_axes": sum(role.group is not None for role in roles.values()),
@@ -135,6 +145,11 @@ def describe_scopes(model: nn.Module) -> dict[Scope, dict[str, Any]]:
             ],
         }
     return scopes
+
+
+def sign_flips(signs: str, size: int) -> int:
+    """The order of a sign group (:data:`~lmc.symmetry.SignGroup`) on ``size`` units."""
+    return {"each": 2**size, "global": 2 if size else 1, "none": 1}[signs]
 
 
 def scope_parameters(model: nn.Module, scope: Scope, spec: SymmetrySpec | None = None) -> list[str]:

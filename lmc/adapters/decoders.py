@@ -214,10 +214,16 @@ class DecoderAdapter(CausalLMAdapter):
         residual += index.elementwise(layout.final_norm)
         readers.append(layout.final_norm)
         vocabulary = index.axes((f"{layout.embeddings}.weight", 0), (f"{layout.lm_head}.weight", 0))
+        residual_permutation = AxisPermutation(
+            "residual",
+            d,
+            tuple(residual),
+            tuple(readers),
+            signs="each" if layout.norm == "rms" else "global",  # docs/spec.md, "Signs of the residual stream"
+            unsigned=tuple(index.gains(*readers)),
+        )
         return SymmetrySpec(
-            tuple(blocks),
-            AxisPermutation("residual", d, tuple(residual), tuple(readers)),
-            fixed_axes=(FixedAxes("vocabulary", tuple(vocabulary)),),
+            tuple(blocks), residual_permutation, fixed_axes=(FixedAxes("vocabulary", tuple(vocabulary)),)
         )
 
     def _check_storage(self, model: nn.Module, index: ParameterIndex) -> None:

@@ -20,6 +20,8 @@ Llama-like decoders (Llama, Mistral, Qwen2) are declared as data in :mod:`lmc.ad
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -39,6 +41,7 @@ from lmc.symmetry.spec import (
     FeedForwardSpec,
     FixedAxes,
     HeadSlot,
+    SignGroup,
     SymmetrySpec,
 )
 
@@ -118,9 +121,10 @@ class GPT2Adapter(CausalLMAdapter):
             FixedAxes("vocabulary", tuple(index.axes(("transformer.wte.weight", 0), ("lm_head.weight", 0)))),
             FixedAxes("positions", tuple(index.axes(("transformer.wpe.weight", 0)))),
         )
-        return SymmetrySpec(
-            tuple(blocks), AxisPermutation("residual", d, tuple(residual), readers), fixed_axes=fixed_axes
+        residual_permutation = AxisPermutation(
+            "residual", d, tuple(residual), readers, signs="global", unsigned=tuple(index.gains(*readers))
         )
+        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=fixed_axes)
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         return {"input_ids": token_inputs(model.config, batch_size, generator, model.config.n_positions)}
@@ -133,6 +137,8 @@ class _EncoderAdapter(_TokenAdapter):
     # The task head's two Linears, if any: the first reads the residual stream after the last layer
     # and writes hidden units an elementwise nonlinearity acts on; the second reads those units.
     task_head: tuple[str, str] | None = None
+    # The signs of the task head's hidden units: "each" behind an odd activation (BERT's pooler: tanh), else none.
+    task_head_signs: SignGroup = "none"
     # Prefix of a masked-LM prediction head (transform.dense -> act -> transform.LayerNorm -> decoder), if any.
     prediction_head: str | None = None
     fixed_parameters: tuple[str, ...] = ()  # constants stored as frozen parameters
@@ -208,10 +214,13 @@ class _EncoderAdapter(_TokenAdapter):
             residual += index.linear_reads(f"{p}.intermediate.dense") + index.linear_writes(f"{p}.output.dense")
             residual += index.elementwise(f"{p}.output.LayerNorm")
             readers += [f"{p}.attention.output.LayerNorm", f"{p}.output.LayerNorm"]
+        # Post-norm: a LayerNorm's output is the stream, so under the global sign its bias flips and its gain does not.
+        unsigned = index.gains(*readers)
         if self.task_head is not None:
             first, second = self.task_head
             residual += index.linear_reads(first)
-            task_heads.append(linear_feed_forward(index, first.rsplit(".", 1)[0], (first,), second, d).hidden)
+            hidden = linear_feed_forward(index, first.rsplit(".", 1)[0], (first,), second, d).hidden
+            task_heads.append(dataclasses.replace(hidden, signs=self.task_head_signs))
             fixed_axes.append(FixedAxes("classes", tuple(index.linear_writes(second))))
         if self.prediction_head is not None:
             head_residual, head = self._prediction_head(model, index, d)
@@ -220,10 +229,14 @@ class _EncoderAdapter(_TokenAdapter):
             p = self.prediction_head
             vocabulary = index.axes((f"{p}.bias", 0)) + index.linear_writes(f"{p}.decoder")
             fixed_axes.append(FixedAxes("vocabulary", tuple(vocabulary)))
+            if head is None:
+                # Tied: the transform's LayerNorm writes stream coordinates from an input a sign does not reach
+                # (after the activation), so its gain and bias flip with the stream and its dense does not.
+                unsigned += index.linear_writes(f"{p}.transform.dense")
         fixed = tuple(name for name in self.fixed_parameters if index.optional(name))
         return SymmetrySpec(
             tuple(blocks),
-            AxisPermutation("residual", d, tuple(residual), tuple(readers)),
+            AxisPermutation("residual", d, tuple(residual), tuple(readers), signs="global", unsigned=tuple(unsigned)),
             fixed=fixed,
             task_heads=tuple(task_heads),
             fixed_axes=tuple(fixed_axes),
@@ -241,7 +254,10 @@ class _EncoderAdapter(_TokenAdapter):
             (f"{embeddings}.word_embeddings.weight", 1), (f"{embeddings}.token_type_embeddings.weight", 1)
         )
         axes += index.elementwise(f"{embeddings}.LayerNorm") + index.linear_reads(projection)
-        return AxisPermutation(embeddings, size, tuple(axes), readers=(f"{embeddings}.LayerNorm", projection))
+        readers = (f"{embeddings}.LayerNorm", projection)
+        # The LayerNorm allows a global sign of the space, its gain left alone (docs/spec.md, section 2).
+        unsigned = tuple(index.gains(f"{embeddings}.LayerNorm"))
+        return AxisPermutation(embeddings, size, tuple(axes), readers=readers, signs="global", unsigned=unsigned)
 
     def _prediction_head(
         self, model: nn.Module, index: ParameterIndex, width: int
@@ -278,6 +294,7 @@ class _EncoderAdapter(_TokenAdapter):
 class BertAdapter(_EncoderAdapter):
     base = "bert"
     task_head = ("bert.pooler.dense", "classifier")  # dense -> tanh -> classifier
+    task_head_signs = "each"  # tanh is odd: a unit's dense row and bias, and the classifier's column, flip together
 
     def self_attention_class(self) -> type[nn.Module]:
         from transformers.models.bert.modeling_bert import BertSelfAttention
@@ -375,7 +392,9 @@ class ViTAdapter(ModelAdapter):
             FixedAxes("positions", tuple(index.axes((f"{e}.position_embeddings", 1)))),
             FixedAxes("classes", tuple(index.linear_writes("classifier"))),
         )
-        residual_permutation = AxisPermutation("residual", d, tuple(residual), tuple(readers))
+        residual_permutation = AxisPermutation(
+            "residual", d, tuple(residual), tuple(readers), signs="global", unsigned=tuple(index.gains(*readers))
+        )
         return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=fixed_axes)
 
     # save_pretrained writes each layer in the layout of older transformers (its conversion mapping, reversed).

@@ -54,6 +54,10 @@ class ParameterIndex:
         """Axes of a norm (weight and bias) or any per-coordinate parameter group."""
         return self.axes((f"{prefix}.weight", 0), (f"{prefix}.bias", 0))
 
+    def gains(self, *prefixes: str) -> Axes:
+        """Axes of the gains (weights) of the norms ``prefixes``: what a sign flip of their input leaves alone."""
+        return self.axes(*((f"{prefix}.weight", 0) for prefix in prefixes))
+
     def bias_slot(self, name: str, offset: int = 0) -> HeadSlot | None:
         return HeadSlot(name, 0, offset) if name in self.shapes else None
 

@@ -65,7 +65,15 @@ class ReferenceAdapter(ModelAdapter):
             note = "the sinusoidal position table is a fixed buffer added to the residual stream"
             return SymmetrySpec(tuple(blocks), None, note, fixed_axes=tuple(fixed_axes))
         readers = tuple(f"blocks.{i}.{norm}" for i in range(len(blocks)) for norm in ("attn_norm", "mlp_norm"))
-        residual_permutation = AxisPermutation("residual", c.width, tuple(residual), readers + ("norm",))
+        readers += ("norm",)
+        residual_permutation = AxisPermutation(
+            "residual",
+            c.width,
+            tuple(residual),
+            readers,
+            signs="each" if c.norm == "rmsnorm" else "global",  # docs/spec.md, "Signs of the residual stream"
+            unsigned=tuple(index.gains(*readers)),
+        )
         return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=tuple(fixed_axes))
 
     def model_inputs(self, model: ReferenceTransformer, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

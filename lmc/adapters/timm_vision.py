@@ -32,6 +32,7 @@ from lmc.symmetry.spec import (
     FixedAxes,
     HeadSlot,
     RotaryLayout,
+    SignGroup,
     SymmetrySpec,
 )
 
@@ -143,6 +144,24 @@ def _register_tokens(model: nn.Module, index: ParameterIndex) -> tuple[AxisPermu
     return AxisPermutation("reg_token", count, axes, offsets=offsets), []
 
 
+def _stream_signs(model: nn.Module, norms: tuple[str, ...]) -> SignGroup:
+    """The signs of the residual stream (docs/spec.md, section 2, "Signs of the residual stream"): one per
+    coordinate when every norm on the stream is an RMSNorm, one global sign when LayerNorms are among them,
+    none under a max over tokens (``global_pool`` ``'max'`` or ``'avgmax'``: a max does not commute with a flip)
+    or a norm of another kind."""
+    from timm.layers import RmsNorm
+
+    if "max" in model.global_pool:
+        return "none"
+    modules = [model.get_submodule(name) for name in norms if hasattr(model, name.split(".")[0])]
+    present = [module for module in modules if not isinstance(module, nn.Identity)]
+    if all(isinstance(module, RmsNorm | nn.RMSNorm) for module in present):
+        return "each"
+    if all(isinstance(module, RmsNorm | nn.RMSNorm | nn.LayerNorm) for module in present):
+        return "global"
+    return "none"
+
+
 def _vision_spec(
     model: nn.Module,
     rotary: RotaryLayout | None,
@@ -185,6 +204,11 @@ def _vision_spec(
     residual += index.elementwise("norm") + index.elementwise("fc_norm") + index.linear_reads("head")
     # Every norm on the stream reads it; ``norm`` is an Identity under fc_norm and still reads it.
     readers = tuple(f"blocks.{i}.norm{k}" for i in range(len(blocks)) for k in (1, 2)) + ("norm",)
+    norms = ("patch_embed.norm", "norm_pre", *readers, "fc_norm")
+    # A layer scale multiplies a writer's output: like a gain, the signs pass it by.
+    unsigned = index.gains(*norms) + index.axes(
+        *((f"blocks.{i}.{name}", 0) for i in range(len(blocks)) for name in layer_scale)
+    )
     tokens, fixed_tokens = _register_tokens(model, index)
     fixed_axes = (
         FixedAxes("inputs", tuple(index.axes(*(("patch_embed.proj.weight", k) for k in (1, 2, 3))))),
@@ -193,9 +217,12 @@ def _vision_spec(
         FixedAxes("classes", tuple(index.linear_writes("head"))),
         *fixed_tokens,
     )
+    residual_permutation = AxisPermutation(
+        "residual", width, tuple(residual), readers, signs=_stream_signs(model, norms), unsigned=tuple(unsigned)
+    )
     return SymmetrySpec(
         tuple(blocks),
-        AxisPermutation("residual", width, tuple(residual), readers),
+        residual_permutation,
         tokens=tokens,
         fixed_axes=fixed_axes,
     )

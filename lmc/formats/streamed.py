@@ -247,8 +247,8 @@ def _permutations(spec: SymmetrySpec, transform: ModelTransform | None = None) -
         hidden = [block.feed_forward.hidden for block in spec.blocks if block.feed_forward]
         return hidden + list(spec.task_heads) + [p for p in (spec.residual, spec.tokens) if p is not None]
     permutations = [spec.blocks[i].feed_forward.hidden for i in transform.feed_forward]
-    permutations += [spec.task_heads[i] for i in transform.task_heads]
-    permutations += [spec.residual] if transform.residual is not None else []
+    permutations += [spec.task_heads[i] for i in transform.task_heads.keys() | transform.task_head_signs.keys()]
+    permutations += [spec.residual] if transform.residual is not None or transform.residual_signs is not None else []
     permutations += [spec.tokens] if transform.tokens is not None else []
     return permutations
 
@@ -469,6 +469,8 @@ def _on_cpu(transform: ModelTransform) -> ModelTransform:
         task_heads={i: perm.cpu() for i, perm in transform.task_heads.items()},
         residual=None if transform.residual is None else transform.residual.cpu(),
         tokens=None if transform.tokens is None else transform.tokens.cpu(),
+        residual_signs=None if transform.residual_signs is None else transform.residual_signs.cpu(),
+        task_head_signs={i: signs.cpu() for i, signs in transform.task_head_signs.items()},
     )
 
 
@@ -534,7 +536,8 @@ class _AlignedTensors:
         probe = AttentionProbe(layer, options.seed)
         reference = probe.output(source)
         self.references[index] = probe, reference
-        error = probe.error(reference, aligned, self.report.transform.residual)
+        transform = self.report.transform
+        error = probe.error(reference, aligned, transform.residual, transform.residual_signs)
         self.report.probe_relative_error = max(self.report.probe_relative_error, error)
         check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
         return source, aligned, target
@@ -640,7 +643,10 @@ def _written_error(
         layer = spec.blocks[index].attention
         names = layer.parameters
         probe, reference = references[index]
-        found = probe.error(reference, {name: written[name] for name in names}, report.transform.residual)
+        transform = report.transform
+        found = probe.error(
+            reference, {name: written[name] for name in names}, transform.residual, transform.residual_signs
+        )
         check_probe(found, report.check_rtol, written[names[0]].dtype, report.options.check_rtol is None,
                     f"layer {layer.name} as written to {written.folder}")  # fmt: skip
         error = max(error, found)

@@ -8,7 +8,6 @@ tokens' by weight, whatever the unit matching).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from collections.abc import Callable
 
@@ -24,13 +23,13 @@ from lmc.matching.layers import (
     align_feed_forward_layer,
     attention_stage1,
     axes_distance,
-    correlated_units,
     layer_distance,
+    signed_units,
     stacked_copies,
 )
 from lmc.matching.learned import LearnedAlignment, learn_attention
 from lmc.matching.midpoint import midpoint_cost
-from lmc.matching.permutation import axis_correlation, best_permutation
+from lmc.matching.permutation import axis_correlation
 from lmc.matching.results import AlignmentError, AlignmentReport, LayerAlignment
 from lmc.matching.stage2 import attention_stages
 from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec, compute_dtype
@@ -120,7 +119,7 @@ class WeightDescent:
     def residual_correlation(self, axes) -> torch.Tensor:
         """Weight correlation ``(d, d)`` of the residual stream over ``axes`` (:func:`axis_correlation`), in
         float64: it adds up products over most of the model's tensors."""
-        residual = dataclasses.replace(self.spec.residual, axes=tuple(axes))
+        residual = self.spec.residual.restricted(axes)
         return axis_correlation(self.parameters, self.target, residual)
 
     def unit_correlation(self, permutation: AxisPermutation) -> torch.Tensor:
@@ -128,40 +127,55 @@ class WeightDescent:
         own few tensors, in the weights' compute dtype (:func:`axis_correlation`)."""
         return axis_correlation(self.parameters, self.target, permutation, compute_dtype(self.dtype))
 
-    def best_permutation(self, permutation: AxisPermutation, correlation: torch.Tensor) -> torch.Tensor | None:
-        """The permutation of ``permutation``'s units maximizing their summed ``correlation`` ``(size, size)``
-        (:func:`~lmc.matching.layers.correlated_units`); ``None`` if it is the identity."""
-        perm = correlated_units(correlation, permutation, self.dtype)
-        return None if torch.equal(perm, torch.arange(permutation.size)) else perm
+    def best_units(
+        self, permutation: AxisPermutation, correlation: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The permutation and signs of ``permutation``'s units maximizing their summed ``correlation``
+        ``(size, size)`` (:func:`~lmc.matching.layers.signed_units`; the part the signs leave alone is read from
+        ``permutation.unsigned``, which the correlation must cover); each ``None`` if it does nothing."""
+        unsigned = None
+        if permutation.signs != "none" and permutation.unsigned:
+            fixed = permutation.restricted(permutation.unsigned)
+            unsigned = axis_correlation(self.parameters, self.target, fixed, correlation.dtype)
+        perm, signs = signed_units(correlation, unsigned, permutation, self.dtype)
+        perm = None if torch.equal(perm, torch.arange(permutation.size)) else perm
+        return perm, None if signs is None or bool((signs > 0).all()) else signs
 
     def permute_feed_forward(self, index: int) -> bool:
         hidden = self.spec.blocks[index].feed_forward.hidden
-        perm = self.best_permutation(hidden, self.unit_correlation(hidden))
+        perm, _ = self.best_units(hidden, self.unit_correlation(hidden))  # FFN units have no sign group
         if perm is not None:
             self.apply(ModelTransform(feed_forward={index: perm}))
         return perm is not None
 
     def permute_task_head(self, index: int) -> bool:
         hidden = self.spec.task_heads[index]
-        perm = self.best_permutation(hidden, self.unit_correlation(hidden))
+        perm, signs = self.best_units(hidden, self.unit_correlation(hidden))
+        if perm is None and signs is None:
+            return False
+        transform = ModelTransform()
         if perm is not None:
-            self.apply(ModelTransform(task_heads={index: perm}))
-        return perm is not None
+            transform.task_heads[index] = perm
+        if signs is not None:
+            transform.task_head_signs[index] = signs
+        self.apply(transform)
+        return True
 
     def permute_tokens(self) -> bool:
         tokens = self.spec.tokens
-        perm = self.best_permutation(tokens, self.unit_correlation(tokens))
+        perm, _ = self.best_units(tokens, self.unit_correlation(tokens))  # tokens have no sign group
         if perm is not None:
             self.apply(ModelTransform(tokens=perm))
         return perm is not None
 
     def permute_residual(self, correlation: torch.Tensor) -> bool:
         """The residual step on its weight ``correlation`` ``(d, d)`` (over the axes the caller chose, summed as
-        it reads them: a streamed round adds it up block by block); whether the permutation changed."""
-        perm = self.best_permutation(self.spec.residual, correlation)
-        if perm is not None:
-            self.apply(ModelTransform(residual=perm))
-        return perm is not None
+        it reads them: a streamed round adds it up block by block), signs included where the stream has them;
+        whether the element changed."""
+        perm, signs = self.best_units(self.spec.residual, correlation)
+        if perm is not None or signs is not None:
+            self.apply(ModelTransform(residual=perm, residual_signs=signs))
+        return perm is not None or signs is not None
 
     def descent_round(
         self, spec: SymmetrySpec, attention: list[int], feed_forward: list[int], residual_axes: list
@@ -185,16 +199,30 @@ class WeightDescent:
         """Report the token permutation found so far (the identity if none)."""
         tokens, perm = self.spec.tokens, self.report.transform.tokens
         perm = torch.arange(tokens.size) if perm is None else perm
-        self.record_permutation(tokens.name, "tokens", perm, tokens.axes, seconds)
+        self.record_permutation(tokens, "tokens", perm, seconds)
 
-    def record_permutation(self, name: str, kind: str, perm: torch.Tensor, axes, seconds: float) -> None:
-        """Report one permutation and the distance over ``axes`` before and after it."""
+    def record_permutation(
+        self,
+        permutation: AxisPermutation,
+        kind: str,
+        perm: torch.Tensor | None,
+        seconds: float,
+        signs: torch.Tensor | None = None,
+    ) -> None:
+        """Report one permutation (``None``: the identity), the units it flips where it has a sign group, and the
+        distance over its axes before and after it."""
+        perm = torch.arange(permutation.size) if perm is None else perm
         distance = {
-            "naive": axes_distance(self.original, self.target, axes),
-            "permutation": axes_distance(self.parameters, self.target, axes),
+            "naive": axes_distance(self.original, self.target, permutation.axes),
+            "permutation": axes_distance(self.parameters, self.target, permutation.axes),
         }
+        flipped = None if permutation.signs == "none" else (0 if signs is None else int((signs < 0).sum()))
+        assignment = torch.argsort(perm).tolist()
+        seconds_taken = {"match": seconds}
         self.report.layers.append(
-            LayerAlignment(name, kind, torch.argsort(perm).tolist(), distance=distance, seconds={"match": seconds})
+            LayerAlignment(
+                permutation.name, kind, assignment, distance=distance, seconds=seconds_taken, flipped=flipped
+            )
         )
 
 
@@ -277,10 +305,15 @@ class Aligner(WeightDescent):
         """
         if not self.moments:
             return
-        if transform.residual is not None:
-            index = torch.cat([transform.residual.cpu(), torch.tensor([len(transform.residual)])])
+        if transform.residual is not None or transform.residual_signs is not None:
+            width = self.spec.residual.size
+            perm = torch.arange(width) if transform.residual is None else transform.residual.cpu()
+            index = torch.cat([perm, torch.tensor([width])])
+            signs = None
+            if transform.residual_signs is not None:
+                signs = torch.diag(torch.cat([transform.residual_signs.cpu().double(), torch.ones(1).double()]))
             for key in [k for k in self.moments if k.startswith("input:")]:
-                self.moments[key] = self.moments[key].moved(index)
+                self.moments[key] = self.moments[key].moved(index, signs)
         for layer_index, element in transform.attention.items():
             key = f"output:{layer_index}"
             if key in self.moments:
@@ -350,22 +383,26 @@ class Aligner(WeightDescent):
         correlations = paired_correlations(
             self.working, self.target_model, modules, self.calibration, frozenset(outputs)
         )
-        perms = {}
+        found = {}  # (kind, index) -> (perm, signs); every signal carries the units' signs
         for key, permutation in permutations.items():
             correlation = sum(stacked_copies(correlations[signal], permutation.size) for signal in signals[key])
             self.require_finite(all_finite(correlation), f"{permutation.name}: the activation correlation")
-            perms[key] = best_permutation(correlation)
+            found[key] = signed_units(correlation, None, permutation, self.dtype)
+        residual, residual_signs = found.get(("residual", 0), (None, None))
         self.apply(
             ModelTransform(
-                feed_forward={i: perm for (kind, i), perm in perms.items() if kind == "feed_forward"},
-                task_heads={i: perm for (kind, i), perm in perms.items() if kind == "task_head"},
-                residual=perms.get(("residual", 0)),
+                feed_forward={i: perm for (kind, i), (perm, _) in found.items() if kind == "feed_forward"},
+                task_heads={i: perm for (kind, i), (perm, _) in found.items() if kind == "task_head"},
+                residual=residual,
+                residual_signs=residual_signs,
+                task_head_signs={
+                    i: signs for (kind, i), (_, signs) in found.items() if kind == "task_head" and signs is not None
+                },
             )
         )
         seconds = time.perf_counter() - start
-        for key, perm in perms.items():
-            permutation = permutations[key]
-            self.record_permutation(permutation.name, key[0], perm, permutation.axes, seconds)
+        for key, (perm, signs) in found.items():
+            self.record_permutation(permutations[key], key[0], perm, seconds, signs)
 
 
 def residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
@@ -376,6 +413,9 @@ def residual_axes(spec: SymmetrySpec) -> tuple[list, list]:
     hidden += [spec.tokens] if spec.tokens is not None else []
     through_hidden = {name for permutation in hidden for name, _ in permutation.axes}
     anchors = [(n, a) for n, a in spec.residual.axes if n not in moved and n not in through_hidden]
+    if stray := [axis for axis in spec.residual.unsigned if axis not in anchors]:
+        # The residual step reads the signs' correlation as its whole one less that of the unsigned axes.
+        raise ValueError(f"residual: unsigned axes {stray} are moved by another group too, which lmc does not solve")
     return anchors, [(n, a) for n, a in spec.residual.axes if n in through_hidden]
 
 
@@ -394,16 +434,14 @@ def coordinate_descent(
     transform = aligner.report.transform
     for index in feed_forward:
         hidden = spec.blocks[index].feed_forward.hidden
-        perm = transform.feed_forward.get(index, torch.arange(hidden.size))
-        aligner.record_permutation(hidden.name, "feed_forward", perm, hidden.axes, seconds)
+        aligner.record_permutation(hidden, "feed_forward", transform.feed_forward.get(index), seconds)
     for index, hidden in enumerate(spec.task_heads):
-        perm = transform.task_heads.get(index, torch.arange(hidden.size))
-        aligner.record_permutation(hidden.name, "task_head", perm, hidden.axes, seconds)
+        perm, signs = transform.task_heads.get(index), transform.task_head_signs.get(index)
+        aligner.record_permutation(hidden, "task_head", perm, seconds, signs)
     if spec.tokens is not None:
         aligner.record_tokens(seconds)
     if spec.residual is not None:
-        perm = torch.arange(spec.residual.size) if transform.residual is None else transform.residual
-        aligner.record_permutation("residual", "residual", perm, spec.residual.axes, seconds)
+        aligner.record_permutation(spec.residual, "residual", transform.residual, seconds, transform.residual_signs)
 
 
 def weight_alignment(

@@ -219,15 +219,21 @@ class AttentionProbe:
         length = 16 if layer.rotary is None else min(16, layer.rotary.angles.shape[0])
         self.x = torch.randn(length, layer.width, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
-    def output(self, tensors: Mapping[str, torch.Tensor], residual: torch.Tensor | None = None) -> torch.Tensor:
+    def output(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        residual: torch.Tensor | None = None,
+        signs: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The layer's output ``(T, d)`` with the weights ``tensors`` (by spec name), in float64.
 
         Args:
             tensors: The layer's tensors.
             residual: A residual-stream permutation the weights carry (``full_model``): the layer
                 reads ``x`` permuted by it.
+            signs: The residual signs ``(d,)`` the weights carry after ``residual``: the layer reads ``x`` so flipped.
         """
-        layer, x = self.layer, self.x if residual is None else self.x[:, residual]
+        layer, x = self.layer, _moved(self.x, residual, signs)
         length, head_dim = len(x), layer.head_dim
 
         def project(name: str, heads: int) -> torch.Tensor:  # (heads, T, d_h)
@@ -260,13 +266,22 @@ class AttentionProbe:
         return output
 
     def error(
-        self, reference: torch.Tensor, tensors: Mapping[str, torch.Tensor], residual: torch.Tensor | None = None
+        self,
+        reference: torch.Tensor,
+        tensors: Mapping[str, torch.Tensor],
+        residual: torch.Tensor | None = None,
+        signs: torch.Tensor | None = None,
     ) -> float:
         """``||f_tensors(x) - f_source(x)|| / ||f_source(x)||`` given ``reference = f_source(x)`` (:meth:`output`
-        of the source): with ``residual``, the output must come back permuted by it."""
-        moved = self.output(tensors, residual)
-        expected = reference if residual is None else reference[:, residual]
-        return float((moved - expected).norm() / reference.norm())
+        of the source): with ``residual`` and ``signs``, the output must come back permuted and flipped by them."""
+        moved = self.output(tensors, residual, signs)
+        return float((moved - _moved(reference, residual, signs)).norm() / reference.norm())
+
+
+def _moved(stream: torch.Tensor, residual: torch.Tensor | None, signs: torch.Tensor | None) -> torch.Tensor:
+    """Residual-stream rows ``(T, d)`` permuted by ``residual`` and then flipped by ``signs`` (each optional)."""
+    stream = stream if residual is None else stream[:, residual]
+    return stream if signs is None else stream * signs.to(stream)
 
 
 # What ``equivalent`` compares besides the weights: the buffers (bitwise) and the settings.

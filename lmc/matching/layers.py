@@ -194,6 +194,42 @@ def correlated_units(correlation: torch.Tensor, permutation: AxisPermutation, dt
     return best_permutation(correlation)
 
 
+def signed_units(
+    correlation: torch.Tensor, unsigned: torch.Tensor | None, permutation: AxisPermutation, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The permutation and signs of ``permutation``'s units maximizing their summed correlation (docs/spec.md,
+    section 3, "Signs"): ``sum_i U[perm[i], i] + signs[i] S[perm[i], i]``, where ``U`` ``(size, size)`` is the
+    part of ``correlation`` over the axes the signs leave alone (``permutation.unsigned``; ``None``: none) and
+    ``S = correlation - U`` the part they flip.
+
+    With one sign per unit each unit takes the sign of its ``S`` entry, so the assignment maximizes
+    ``U + |S|``; with one global sign, the better of the assignments on ``U + S`` and ``U - S`` (``+1`` on a tie).
+    Without a sign group this is :func:`correlated_units`.
+
+    Returns:
+        ``(perm, signs)``: ``perm`` as :func:`match_units`; ``signs`` ``(size,)`` of ``+-1`` (float64), unit ``i``
+        after the permutation flipped where ``-1``; ``None`` without a sign group.
+    """
+    if permutation.signs == "none":
+        return correlated_units(correlation, permutation, dtype), None
+    require_finite(all_finite(correlation), f"{permutation.name}: the weight correlation", dtype)
+    unsigned = torch.zeros_like(correlation) if unsigned is None else unsigned.to(correlation)
+    signed = correlation - unsigned
+    units = torch.arange(permutation.size)
+    if permutation.signs == "each":
+        perm = best_permutation(unsigned + signed.abs())
+        return perm, torch.where(signed[perm, units] < 0, -1.0, 1.0).double()
+    best = None
+    for sign in (1.0, -1.0):
+        cost = unsigned + sign * signed
+        perm = best_permutation(cost)
+        value = float(cost[perm, units].double().sum())
+        if best is None or value > best[0]:
+            best = (value, perm, sign)
+    _, perm, sign = best
+    return perm, torch.full((permutation.size,), sign, dtype=torch.float64)
+
+
 def align_feed_forward_layer(
     source: Mapping[str, torch.Tensor],
     target: Mapping[str, torch.Tensor],

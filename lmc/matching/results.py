@@ -40,6 +40,8 @@ class LayerAlignment:
         distance: Parameter distance to the target over this layer's transformed tensors,
             before (``naive``) and after each stage.
         seconds: Time spent per stage.
+        flipped: Units whose sign the element flips, for units with a sign group (the residual stream of an
+            RMSNorm or LayerNorm model, a tanh pooler's units: docs/spec.md, section 2); ``None`` otherwise.
     """
 
     name: str
@@ -49,6 +51,7 @@ class LayerAlignment:
     stage1_cost: list[list[float]] | None = None
     distance: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    flipped: int | None = None
 
 
 @dataclass

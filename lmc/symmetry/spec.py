@@ -14,7 +14,7 @@ GPT-NeoX's ``query_key_value`` interleaves them head by head).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 import torch
@@ -25,6 +25,10 @@ Scope = Literal["first_attention", "all_attention", "first_block", "full_model"]
 """Which part of a model is re-initialized and aligned (docs/spec.md, section 5): the first attention
 layer, every attention layer, the first block (attention and FFN) or the whole model."""
 SCOPES: tuple[str, ...] = get_args(Scope)
+SignGroup = Literal["none", "each", "global"]
+"""The sign flips that act with a permutation of units (docs/spec.md, section 2, "Signs of the residual stream"):
+none, one sign per unit (the stream of an RMSNorm model, a tanh unit's) or one sign for all units at once (the
+stream of a LayerNorm model, whose mean subtraction commutes with a global sign only)."""
 FixedReason = Literal["inputs", "vocabulary", "classes", "positions", "constant"]
 """Why no group acts on a parameter axis that an adapter declares fixed (:class:`FixedAxes`): it is indexed by
 the input's own coordinates (image channels and pixels, token types), by token ids, by a task head's classes or by
@@ -200,6 +204,10 @@ class AxisPermutation:
             (gate times up) does not tell its gate and up weights apart.
         offsets: ``((parameter name, axis), offset)`` for the axes of ``axes`` whose units are a
             sub-range starting at ``offset`` (``0`` included); every other axis is whole copies.
+        signs: The sign flips that act with the permutation (:data:`SignGroup`): a unit's entries are
+            multiplied by its sign on every axis but those of ``unsigned``.
+        unsigned: The axes of ``axes`` the signs leave alone, which the permutation only moves: a norm's gain
+            (``g * D x / rms(D x) = D (g * x / rms(x))``), a layer scale multiplying a writer's output.
     """
 
     name: str
@@ -208,6 +216,17 @@ class AxisPermutation:
     readers: tuple[str, ...] = ()
     writers: tuple[str, ...] = ()
     offsets: tuple[tuple[tuple[str, int], int], ...] = ()
+    signs: SignGroup = "none"
+    unsigned: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if stray := [axis for axis in self.unsigned if axis not in self.axes]:
+            raise ValueError(f"{self.name}: unsigned axes {stray} are not among the permutation's axes")
+
+    def restricted(self, axes: Iterable[tuple[str, int]]) -> AxisPermutation:
+        """The same units over ``axes`` only (a part of :attr:`axes`), the unsigned ones among them kept so."""
+        axes = tuple(axes)
+        return replace(self, axes=axes, unsigned=tuple(axis for axis in self.unsigned if axis in axes))
 
     def span(self, axis: tuple[str, int], length: int) -> tuple[int, int]:
         """The entries ``[start, stop)`` the units occupy on ``axis``, ``length`` entries long.
@@ -240,6 +259,15 @@ class AxisPermutation:
         index = torch.arange(length)
         index[start:stop] = torch.cat([perm.cpu() + first for first in range(start, stop, self.size)])
         return index
+
+    def sign_vector(self, axis: tuple[str, int], length: int, signs: torch.Tensor) -> torch.Tensor:
+        """The factor ``(length,)`` of each entry of ``axis`` after the permutation: the units' ``signs``
+        ``(size,)`` on each stacked copy, ``1`` on the entries outside the units and on an unsigned axis."""
+        factor = torch.ones(length, dtype=signs.dtype)
+        if axis not in self.unsigned:
+            start, stop = self.span(axis, length)
+            factor[start:stop] = signs.cpu().repeat((stop - start) // self.size)
+        return factor
 
 
 @dataclass(frozen=True)

@@ -152,24 +152,67 @@ def transform_attention(weights: AttentionWeights, transform: AttentionTransform
 
 @torch.no_grad()
 def permute_axes(
-    parameters: Mapping[str, torch.Tensor], permutation: AxisPermutation, perm: torch.Tensor, partial: bool = False
+    parameters: Mapping[str, torch.Tensor],
+    permutation: AxisPermutation,
+    perm: torch.Tensor | None,
+    partial: bool = False,
+    signs: torch.Tensor | None = None,
 ) -> None:
-    """Apply one permutation to every axis it owns, in place (with ``partial``, those of the tensors present)."""
-    if perm.shape != (permutation.size,):
-        raise ValueError(
-            f"{permutation.name}: permutation must have shape ({permutation.size},), got {tuple(perm.shape)}"
-        )
+    """Apply one permutation (``None``: the identity), then the units' ``signs`` ``(size,)`` of ``+-1`` if given, to
+    every axis it owns, in place (with ``partial``, those of the tensors present). Negation is exact in every dtype."""
+    perm = torch.arange(permutation.size) if perm is None else perm
+    for what, tensor in (("permutation", perm), ("signs", signs)):
+        if tensor is not None and tensor.shape != (permutation.size,):
+            raise ValueError(
+                f"{permutation.name}: {what} must have shape ({permutation.size},), got {tuple(tensor.shape)}"
+            )
     for name, axis in permutation.axes:
         if partial and name not in parameters:
             continue
         parameter = parameters[name]
         index = permutation.index((name, axis), parameter.shape[axis], perm)
-        parameter.copy_(parameter.index_select(axis, index.to(parameter.device)))
+        moved = parameter.index_select(axis, index.to(parameter.device))
+        if signs is not None and (name, axis) not in permutation.unsigned:
+            shape = [1] * parameter.dim()
+            shape[axis] = -1
+            factor = permutation.sign_vector((name, axis), parameter.shape[axis], signs)
+            moved.mul_(factor.to(device=parameter.device, dtype=parameter.dtype).view(shape))
+        parameter.copy_(moved)
+
+
+def sample_signs(permutation: AxisPermutation, generator: torch.Generator) -> torch.Tensor | None:
+    """Random signs ``(size,)`` of ``+-1`` (float64) from the permutation's sign group, ``None`` if it has none."""
+    if permutation.signs == "none":
+        return None
+    count = permutation.size if permutation.signs == "each" else 1
+    signs = 1.0 - 2.0 * torch.randint(2, (count,), generator=generator).double()
+    return signs.expand(permutation.size).clone()
+
+
+def _chain(first: torch.Tensor | None, second: torch.Tensor | None) -> torch.Tensor | None:
+    """The permutation ``first`` then ``second`` (``None``: the identity)."""
+    if first is None or second is None:
+        return second if first is None else first
+    return first[second]
+
+
+def _chain_signs(
+    first: torch.Tensor | None, second_perm: torch.Tensor | None, second: torch.Tensor | None
+) -> torch.Tensor | None:
+    """The signs of ``(perm_1, first)`` then ``(second_perm, second)``: ``first[second_perm] * second``."""
+    if first is not None and second_perm is not None:
+        first = first[second_perm.to(first.device)]
+    if first is None or second is None:
+        return second if first is None else first
+    return first * second.to(first)
 
 
 @dataclass
 class ModelTransform:
     """A symmetry of a whole model: attention elements per layer, FFN, task-head, residual and token permutations.
+
+    A unit permutation with a sign group (``AxisPermutation.signs``) may carry signs: unit ``i`` of the result is
+    ``signs[i]`` times unit ``perm[i]`` of the input (on every axis but the unsigned ones).
 
     Attributes:
         attention: Layer index -> element; absent layers are left unchanged.
@@ -177,6 +220,9 @@ class ModelTransform:
         task_heads: Index into ``spec.task_heads`` -> permutation of that head's hidden units.
         residual: Permutation of the residual stream, or ``None``.
         tokens: Permutation of the learned tokens (``spec.tokens``), or ``None``.
+        residual_signs: Signs ``(d,)`` of ``+-1`` of the residual coordinates after ``residual``, or ``None`` (all
+            ``+1``).
+        task_head_signs: Index into ``spec.task_heads`` -> signs of that head's units after its permutation.
     """
 
     attention: dict[int, AttentionTransform] = field(default_factory=dict)
@@ -184,29 +230,36 @@ class ModelTransform:
     task_heads: dict[int, torch.Tensor] = field(default_factory=dict)
     residual: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
+    residual_signs: torch.Tensor | None = None
+    task_head_signs: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def residual_flips(self) -> int:
+        """Residual coordinates whose sign the element flips."""
+        return 0 if self.residual_signs is None else int((self.residual_signs < 0).sum())
 
     def compose(self, then: ModelTransform, spec: SymmetrySpec) -> ModelTransform:
         """The transform ``then o self``: apply ``self`` first, then ``then``."""
-
-        def chain(first: torch.Tensor | None, second: torch.Tensor | None) -> torch.Tensor | None:
-            if first is None or second is None:
-                return second if first is None else first
-            return first[second]
-
         attention = {}
         for i in sorted(self.attention.keys() | then.attention.keys()):
             identity = AttentionTransform.identity(spec.blocks[i].attention)
             attention[i] = self.attention.get(i, identity).compose(then.attention.get(i, identity))
 
         def chain_each(first: dict[int, torch.Tensor], second: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-            return {i: chain(first.get(i), second.get(i)) for i in sorted(first.keys() | second.keys())}
+            return {i: _chain(first.get(i), second.get(i)) for i in sorted(first.keys() | second.keys())}
 
+        head_signs = {
+            i: _chain_signs(self.task_head_signs.get(i), then.task_heads.get(i), then.task_head_signs.get(i))
+            for i in sorted(self.task_head_signs.keys() | then.task_head_signs.keys())
+        }
         return ModelTransform(
             attention,
             chain_each(self.feed_forward, then.feed_forward),
             chain_each(self.task_heads, then.task_heads),
-            chain(self.residual, then.residual),
-            chain(self.tokens, then.tokens),
+            _chain(self.residual, then.residual),
+            _chain(self.tokens, then.tokens),
+            _chain_signs(self.residual_signs, then.residual, then.residual_signs),
+            head_signs,
         )
 
     def apply_(self, parameters: Mapping[str, torch.Tensor], spec: SymmetrySpec, partial: bool = False) -> None:
@@ -229,12 +282,13 @@ class ModelTransform:
             if feed_forward is None:
                 raise ValueError(f"block {index} has no feed-forward network to permute")
             permute_axes(parameters, feed_forward.hidden, perm, partial)
-        for index, perm in self.task_heads.items():
-            permute_axes(parameters, spec.task_heads[index], perm, partial)
-        if self.residual is not None:
+        for index in sorted(self.task_heads.keys() | self.task_head_signs.keys()):
+            head = spec.task_heads[index]
+            permute_axes(parameters, head, self.task_heads.get(index), partial, self.task_head_signs.get(index))
+        if self.residual is not None or self.residual_signs is not None:
             if spec.residual is None:
                 raise ValueError(f"this model has no residual-stream symmetry: {spec.residual_note}")
-            permute_axes(parameters, spec.residual, self.residual, partial)
+            permute_axes(parameters, spec.residual, self.residual, partial, self.residual_signs)
         if self.tokens is not None:
             if spec.tokens is None:
                 raise ValueError("this model has no learned tokens that permute")
@@ -265,7 +319,8 @@ def sample_attention_transform(
 
 
 def sample_transform(spec: SymmetrySpec, scope: Scope, generator: torch.Generator) -> ModelTransform:
-    """A random element of the scope's symmetry group (float64 matrices)."""
+    """A random element of the scope's symmetry group (float64 matrices), signs included where a unit
+    permutation has them (:func:`sample_signs`)."""
     attention, feed_forward, whole = scope_blocks(spec, scope)
     transform = ModelTransform()
     for i in attention:
@@ -275,8 +330,11 @@ def sample_transform(spec: SymmetrySpec, scope: Scope, generator: torch.Generato
     if whole:
         for i, head in enumerate(spec.task_heads):
             transform.task_heads[i] = torch.randperm(head.size, generator=generator)
+            if (signs := sample_signs(head, generator)) is not None:
+                transform.task_head_signs[i] = signs
         if spec.residual is not None:
             transform.residual = torch.randperm(spec.residual.size, generator=generator)
+            transform.residual_signs = sample_signs(spec.residual, generator)
         if spec.tokens is not None:
             transform.tokens = torch.randperm(spec.tokens.size, generator=generator)
     return transform

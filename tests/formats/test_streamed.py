@@ -163,6 +163,32 @@ def test_a_planted_pair_is_recovered_exactly(tmp_path):
         torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize(("name", "group"), [("llama-tiny", "each"), ("gpt-neox-tiny", "global")])
+def test_a_planted_pair_with_residual_signs_is_recovered_exactly(tmp_path, name, group):
+    from lmc.adapters import apply_transform
+    from lmc.symmetry import sample_transform
+
+    source = randomize_parameters_(create_model(name, dtype=torch.float64), seed=0)
+    spec = model_spec(source)
+    assert spec.residual.signs == group
+    transform = sample_transform(spec, "full_model", torch.Generator().manual_seed(3))
+    flips = torch.ones(spec.residual.size, dtype=torch.float64)
+    flips[::2] = -1.0 if group == "each" else 1.0
+    transform.residual_signs = flips if group == "each" else -flips
+    target = apply_transform(source, transform, spec)
+
+    report = align_directories(
+        save(source, tmp_path / "s", True), save(target, tmp_path / "t", False), tmp_path / "out", "full_model"
+    )
+
+    assert report.distance["aligned"] < 1e-12 * report.distance["naive"]
+    (residual,) = [layer for layer in report.layers if layer.kind == "residual"]
+    assert residual.flipped == int((transform.residual_signs < 0).sum())
+    written = type(source).from_pretrained(tmp_path / "out" / "aligned", dtype=torch.float64).state_dict()
+    for parameter_name, value in target.state_dict().items():
+        torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-12)
+
+
 def test_register_tokens_with_their_position_rows_are_streamed_like_in_memory(tmp_path):
     from lmc.adapters import apply_transform, model_spec
     from lmc.symmetry import sample_transform

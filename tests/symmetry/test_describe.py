@@ -13,6 +13,7 @@ from lmc.adapters import describe, describe_scopes, model_spec, scope_parameters
 from lmc.models.reference import ReferenceTransformer
 from lmc.symmetry import read_attention, write_attention
 from tests.architectures import ARCHITECTURES, build
+from tests.symmetry.test_signs import RMS_NORM
 
 # test id -> (pe, rope_layout, num_heads, num_kv_heads, head_dim, qk_group, qk_group_dim)
 EXPECTED = {
@@ -56,6 +57,9 @@ OTHER_UNITS = {
     "roformer-projected": [16, 32],  # the embedding_size space before embeddings_project, and the classifier's
     "timm-vit-reg": [3],  # the 3 register tokens
 }
+# test id -> the order of the task heads' sign groups: the tanh pooler's units flip one by one, RoFormer's
+# embedding space (read by a LayerNorm) has one global sign
+OTHER_SIGN_FLIPS = {"bert": 2**32, "bert-pretraining": 2**32, "roformer-projected": 2}
 # A fixed sinusoidal table is added to the stream: no non-trivial permutation of it is a symmetry (docs/spec.md).
 NO_RESIDUAL = {"ref-bert-sinusoidal"}
 
@@ -102,7 +106,11 @@ def test_describe_reports_each_blocks_ffn_and_each_scope_every_permutation_group
     heads, continuous = _head_orders(num_heads, num_kv_heads), num_kv_heads * (qk_dim + head_dim**2)
     residual = 0 if key in NO_RESIDUAL else d
     others = math.prod(math.factorial(n) for n in OTHER_UNITS.get(key, []))
-    whole = heads**2 * math.factorial(ffn) ** 2 * math.factorial(residual) * others
+    # Residual signs: one per coordinate under RMSNorms, one global sign under LayerNorms (docs/spec.md).
+    signs = "none" if key in NO_RESIDUAL else ("each" if key in RMS_NORM else "global")
+    flips = {"each": 2**residual, "global": 2, "none": 1}[signs]
+    other_flips = OTHER_SIGN_FLIPS.get(key, 1)
+    whole = heads**2 * math.factorial(ffn) ** 2 * math.factorial(residual) * flips * others * other_flips
     # scope -> (attention layers, FFNs, residual width, order of the discrete group) of the two-block model
     expected = {
         "first_attention": ([0], [], 0, heads),
@@ -119,6 +127,9 @@ def test_describe_reports_each_blocks_ffn_and_each_scope_every_permutation_group
         assert found["group_dim"] == len(attention) * continuous, scope
         assert found["residual_permutations"] == math.factorial(residual_width), scope
         assert found["other_permutations"] == (others if scope == "full_model" else 1), scope
+        assert found["residual_signs"] == (signs if scope == "full_model" else "none"), scope
+        assert found["residual_sign_flips"] == (flips if scope == "full_model" else 1), scope
+        assert found["other_sign_flips"] == (other_flips if scope == "full_model" else 1), scope
         assert found["permutations"] == order, scope
 
 
