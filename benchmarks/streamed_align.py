@@ -6,7 +6,7 @@ subprocesses with ``--threads`` torch threads measures:
 
 - the Gram-pass floor: read every attention tensor of both models (``safe_open``) and form each
   layer's Gram blocks (:class:`lmc.matching.grams.LayerGrams`), nothing else;
-- ``lmc.formats.streamed.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
+- ``lmc.matching.streamed_write.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
   the floor, and the peak RSS of the process (``VmHWM``, interpreter and libraries included).
 
 GPT-NeoX shapes (Pythia-6.9B's widths; ``--shapes pythia-6.9b-2layers``) are written and measured
@@ -299,7 +299,7 @@ def measure_io_floor(source: str, target: str, output: str) -> dict:
 
 
 def measure_streamed(source: str, target: str, output: str, scope: str) -> dict:
-    from lmc.formats.streamed import align_directories
+    from lmc.matching.streamed_write import align_directories
 
     start = time.perf_counter()
     report = align_directories(source, target, output, scope)
@@ -354,13 +354,14 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
     one's size and seconds), and the rest (GEMMs of the correlations and Grams, Stage 2, transforms,
     writes); its rounds; and its memory by phase (:class:`MemoryTrace`: each descent round, Stage 2,
     the write pass, the check of the written layers). ``release="false"`` measures it without
-    :func:`lmc.formats.streamed.release_freed_memory` (as lmc was before it)."""
-    import lmc.formats.streamed as streamed
+    :func:`lmc.matching.streamed.release_freed_memory` (as lmc was before it)."""
     import lmc.matching.aligner as aligner
     import lmc.matching.layers as layers
+    import lmc.matching.streamed as streamed
+    import lmc.matching.streamed_write as streamed_write
     from lmc.formats.safetensors import SafetensorsCheckpoint
-    from lmc.formats.streamed import _StreamedDescent
     from lmc.matching.grams import LayerGrams
+    from lmc.matching.streamed import _StreamedDescent
 
     if release == "false":
         streamed._MALLOC_TRIM = None
@@ -368,8 +369,8 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
     holding, align_attention, write, written_error = (
         _StreamedDescent.holding,
         aligner.WeightDescent.align_attention,
-        streamed._write,
-        streamed._written_error,
+        streamed_write._write,
+        streamed_write._written_error,
     )
 
     @contextlib.contextmanager
@@ -391,7 +392,7 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
         return traced
 
     _StreamedDescent.holding, aligner.WeightDescent.align_attention = traced_holding, traced_align_attention
-    streamed._write, streamed._written_error = in_phase("write", write), in_phase("check", written_error)
+    streamed_write._write, streamed_write._written_error = in_phase("write", write), in_phase("check", written_error)
 
     split, assignments, rounds = PhaseSplit(trace), [], [0]
     solve, descent_round = layers.best_permutation, _StreamedDescent.descent_round
@@ -519,7 +520,7 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
     shapes = list(results)
     threads = sorted({row["threads"] for row in results.values()})
     lines = [
-        "# Streamed alignment (`lmc.formats.streamed.align_directories`): time and peak memory, bf16 Llama and "
+        "# Streamed alignment (`lmc.matching.streamed_write.align_directories`): time and peak memory, bf16 Llama and "
         "GPT-NeoX shapes",
         "",
         f"Rendered by `benchmarks/streamed_align.py` from `{json_name}` beside this file: do not edit",

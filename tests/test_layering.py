@@ -22,11 +22,11 @@ ALLOWED = {
     "symmetry": {"rotary"},
     "models": {"rotary", "tasks"},
     "adapters": {"rotary", "symmetry", "models"},
-    "matching": {"symmetry", "adapters"},
+    "matching": {"symmetry", "adapters", "checkpoints", "formats", "io"},
     "data": {"tasks"},
     "training": {"adapters", "checkpoints", "data", "io", "models", "symmetry", "tasks"},
     "connectivity": {"data", "io", "matching", "symmetry", "tasks"},
-    "formats": {"adapters", "checkpoints", "connectivity", "data", "io", "matching", "symmetry", "tasks"},
+    "formats": {"adapters", "checkpoints", "data", "io", "symmetry", "tasks"},
     "experiments": {"adapters", "checkpoints", "configs", "connectivity", "io", "matching", "symmetry", "training"},
     "cli": {
         "adapters", "checkpoints", "configs", "connectivity", "data", "experiments", "formats", "io", "matching",

@@ -13,10 +13,10 @@ from lmc.cli.inputs import (
     required,
     trained_scope,
 )
-from lmc.connectivity.interpolation import check_alphas
 from lmc.data import LMCDataModule
 from lmc.formats import Checkpoint, detect
 from lmc.matching import AlignOptions
+from lmc.matching.merge import check_alphas
 from lmc.symmetry import Scope
 
 
@@ -60,9 +60,9 @@ def align(
             and transforms: cpu, or cuda for a GPU (the assignments stay on the CPU).
     """
     from lmc.connectivity import training_calibration
-    from lmc.connectivity.interpolation import interpolate
     from lmc.io import atomic_write_json
     from lmc.matching import align as align_models
+    from lmc.matching.merge import interpolate
     from lmc.training.module import load_trained, require_same_model, save_trained
 
     output = required(output, "--output DIR")
@@ -113,7 +113,8 @@ def align(
 def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None) -> bool:
     """Whether ``lmc align`` streams: two folders of safetensors (Hugging Face or timm) at a scope that streams
     (``full_model`` where none is given)."""
-    from lmc.formats.streamed import STREAMED_SCOPES, streamable
+    from lmc.formats.streamed import streamable
+    from lmc.matching.streamed_write import STREAMED_SCOPES
 
     return (scope or "full_model") in STREAMED_SCOPES and all(streamable(checkpoint) for checkpoint in checkpoints)
 
@@ -127,8 +128,8 @@ def _align_streamed(
     options: AlignOptions,
     device: str,
 ) -> None:
-    """``lmc align`` of two safetensors folders, layer by layer and shard by shard (lmc.formats.streamed)."""
-    from lmc.formats.streamed import align_directories
+    """``lmc align`` of two safetensors folders, layer by layer and shard by shard (lmc.matching.streamed)."""
+    from lmc.matching.streamed_write import align_directories
 
     source, target = (checkpoint.path for checkpoint in checkpoints)
     scope = scope or "full_model"
@@ -156,13 +157,13 @@ def _align_external(
 
     import torch
 
-    from lmc.connectivity.interpolation import interpolate
     from lmc.formats import load_external, require_same_architecture
     from lmc.formats.external import alignment_document
     from lmc.io import atomic_output_folder, atomic_write_json
     from lmc.matching import AlignmentError
     from lmc.matching import align as align_models
     from lmc.matching.checks import probe_error
+    from lmc.matching.merge import interpolate
 
     outputs = [output / "aligned", output / "report.json", *(output / f"merged_{a:g}" for a in alphas)]
     check_outputs(outputs, inputs=[source, target], overwrite=overwrite)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,7 +19,8 @@ import torch
 from torch import nn
 
 from lmc.io import atomic_write_json, nan_for_null
-from lmc.symmetry import compute_dtype
+from lmc.matching.merge import check_alphas as check_alphas  # its public name here before lmc.matching.merge
+from lmc.matching.merge import interpolate
 
 #: Named float64 sums of one batch: ``{"count": ..., "loss": ..., ...}``, each a ``(B,)`` vector of
 #: per-sample sums (a sample's tokens, for language modelling) or a scalar over the whole batch.
@@ -37,25 +37,6 @@ def evenly_spaced(count: int = 25) -> list[float]:
     if count < 2:
         raise ValueError(f"an interpolation needs at least 2 points, got {count}")
     return [k / (count - 1) for k in range(count)]
-
-
-def check_alphas(alphas: Iterable[float], what: str = "alphas") -> list[float]:
-    """``alphas`` without repeats, refused unless each lies in ``[0, 1]`` (``what`` names them in the error)."""
-    alphas = [float(alpha) for alpha in alphas]
-    bad = [alpha for alpha in alphas if not (math.isfinite(alpha) and 0 <= alpha <= 1)]
-    if bad:
-        raise ValueError(f"{what} must lie in [0, 1], got {bad}")
-    return list(dict.fromkeys(alphas))
-
-
-def interpolate(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``(1 - alpha) a + alpha b`` in ``a``'s dtype: the one merge recipe of lmc (sweeps, merges, streams).
-
-    Half-precision tensors are interpolated in float32 and rounded once; float32 and float64 in
-    their own precision.
-    """
-    compute = compute_dtype(a.dtype)
-    return torch.lerp(a.to(compute), b.to(compute), alpha).to(a.dtype)
 
 
 def barriers(points: list[dict[str, float]]) -> dict[str, float]:

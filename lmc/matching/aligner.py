@@ -40,7 +40,7 @@ class WeightDescent:
 
     Every tensor is read by name from a ``Mapping[str, Tensor]``, so the same solves run on a
     model in memory (:class:`Aligner`) and on two checkpoints streamed from disk
-    (:mod:`lmc.formats.streamed`, whose ``parameters`` read the source through the transform so far).
+    (:mod:`lmc.matching.streamed`, whose ``parameters`` read the source through the transform so far).
 
     Args:
         parameters: The source's tensors with :attr:`report`'s transform applied.

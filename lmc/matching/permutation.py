@@ -47,7 +47,7 @@ def row_blocks(tensors: Mapping[str, torch.Tensor], name: str) -> Iterator[torch
     """Tensor ``name`` of ``tensors`` in blocks of :func:`block_rows` rows, in order (a scalar whole).
 
     A mapping that reads its tensors from disk may define ``row_blocks(name)`` serving the same
-    blocks, each read alone (:mod:`lmc.formats.streamed`): then no tensor whose rows no symmetry
+    blocks, each read alone (:mod:`lmc.matching.streamed`): then no tensor whose rows no symmetry
     moves, such as an embedding or an LM head, is ever held whole. Otherwise the blocks are views.
     """
     read = getattr(tensors, "row_blocks", None)

@@ -245,12 +245,12 @@ def test_outputs_never_go_over_inputs_and_are_never_half_written(tmp_path, capsy
 
     # A writer failing half-way leaves no output folder and no temporary folder behind (safetensors
     # folders are written streamed, tensor by tensor).
-    import lmc.formats.streamed
+    import lmc.matching.streamed_write
 
     def broken(handle, tensor):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(lmc.formats.streamed, "write_tensor", broken)
+    monkeypatch.setattr(lmc.matching.streamed_write, "write_tensor", broken)
     assert "No space left" in fails(["align", str(source), str(target), "--output", str(tmp_path / "o2")], capsys)
     assert not (tmp_path / "o2" / "aligned").exists() and not list((tmp_path / "o2").glob(".*"))
 

@@ -1,4 +1,4 @@
-"""lmc.formats.streamed.align_directories: streamed alignment of save_pretrained folders equals align() in memory."""
+"""Streamed alignment of save_pretrained folders (lmc.matching.streamed_write.align_directories) equals align()."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from safetensors import safe_open
 from torch import nn
 
 import lmc.formats.streamed
+import lmc.matching.streamed
+import lmc.matching.streamed_write
 from lmc.adapters import adapter_for, model_spec
-from lmc.connectivity.interpolation import interpolate
 from lmc.formats import timm_files
-from lmc.formats.streamed import align_directories
 from lmc.matching import PROBE_RTOL, AlignmentError, align
+from lmc.matching.merge import interpolate
+from lmc.matching.streamed_write import align_directories
 from lmc.models import create_model, randomize_parameters_
 from tests.formats.checkpoints import ADDED_FAMILIES, HF_MODELS, at_every_scope, fine_tuned_pair
 
@@ -260,7 +262,7 @@ def test_a_failure_midway_leaves_no_output(tmp_path, llama_pair, monkeypatch):
         if len(written) == 7:
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(lmc.formats.streamed, "write_tensor", failing_write)
+    monkeypatch.setattr(lmc.matching.streamed_write, "write_tensor", failing_write)
     before = sorted(os.listdir(tmp_path))
     with pytest.raises(OSError, match="No space left"):
         align_directories(*llama_pair, tmp_path / "out", "all_attention", merge_alphas=[0.5])
@@ -273,7 +275,7 @@ def test_existing_output_is_replaced_only_when_asked_and_only_when_complete(tmp_
     (output / "old.txt").write_text("old")
     with pytest.raises(ValueError, match="already exists"):
         align_directories(*llama_pair, output, "all_attention")
-    monkeypatch.setattr(lmc.formats.streamed, "write_tensor", lambda handle, tensor: 1 / 0)
+    monkeypatch.setattr(lmc.matching.streamed_write, "write_tensor", lambda handle, tensor: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         align_directories(*llama_pair, output, "all_attention", overwrite=True)
     assert sorted(os.listdir(output)) == ["old.txt"]
@@ -320,7 +322,7 @@ MEMORY_SCRIPT = textwrap.dedent(
     import json, sys
     import lmc.formats.safetensors, lmc.matching.permutation
     from lmc.matching import AlignOptions
-    from lmc.formats.streamed import align_directories
+    from lmc.matching.streamed_write import align_directories
 
     def peak():  # VmHWM: ru_maxrss would start at the parent's resident memory when it forked us
         line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
@@ -396,7 +398,7 @@ RELEASE_SCRIPT = textwrap.dedent(
 
     import torch
 
-    from lmc.formats.streamed import release_freed_memory
+    from lmc.matching.streamed import release_freed_memory
 
     def resident():
         return int(re.search(r"RssAnon:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
@@ -415,7 +417,7 @@ RELEASE_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(lmc.formats.streamed._MALLOC_TRIM is None, reason="glibc's malloc_trim (Linux)")
+@pytest.mark.skipif(lmc.matching.streamed._MALLOC_TRIM is None, reason="glibc's malloc_trim (Linux)")
 def test_the_memory_freed_between_steps_is_handed_back():
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-c", RELEASE_SCRIPT], capture_output=True, text=True, env=environment)
@@ -475,10 +477,10 @@ def test_a_whole_model_pair_with_a_large_vocabulary_reads_its_embeddings_in_bloc
 KILL_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    import lmc.formats.streamed
-    from lmc.formats.streamed import align_directories
+    import lmc.matching.streamed_write
+    from lmc.matching.streamed_write import align_directories
 
-    write, count = lmc.formats.streamed.write_tensor, [0]
+    write, count = lmc.matching.streamed_write.write_tensor, [0]
 
     def write_then_wait(handle, tensor):
         write(handle, tensor)
@@ -488,7 +490,7 @@ KILL_SCRIPT = textwrap.dedent(
             print("midway", flush=True)
             time.sleep(600)
 
-    lmc.formats.streamed.write_tensor = write_then_wait
+    lmc.matching.streamed_write.write_tensor = write_then_wait
     align_directories(sys.argv[1], sys.argv[2], sys.argv[3], "full_model", merge_alphas=[0.5])
     """
 )
@@ -560,7 +562,7 @@ def test_a_descent_round_reads_each_tensor_once_from_each_model_an_ffn_twice(tmp
 
     rows, descent_round = (
         lmc.formats.safetensors.SafetensorsCheckpoint.rows,
-        lmc.formats.streamed._StreamedDescent.descent_round,
+        lmc.matching.streamed._StreamedDescent.descent_round,
     )
     reads, rounds = Counter(), []
 
@@ -577,7 +579,7 @@ def test_a_descent_round_reads_each_tensor_once_from_each_model_an_ffn_twice(tmp
             rounds[-1] = True
 
     monkeypatch.setattr(lmc.formats.safetensors.SafetensorsCheckpoint, "rows", counted)
-    monkeypatch.setattr(lmc.formats.streamed._StreamedDescent, "descent_round", watched)
+    monkeypatch.setattr(lmc.matching.streamed._StreamedDescent, "descent_round", watched)
     source, target = (randomize_parameters_(create_model("llama-tiny"), seed=seed) for seed in (0, 1))
     source_dir, target_dir = save(source, tmp_path / "source", True), save(target, tmp_path / "target", False)
     align_directories(source_dir, target_dir, tmp_path / "out", "full_model")
@@ -595,7 +597,7 @@ def test_an_ffn_step_holds_one_tensor_pair_while_correlating_and_none_while_assi
     # The correlation of an FFN's units is its step's largest allocation (822 MB at 8B widths): beside it
     # the streamed view keeps at most one tensor of the other model while reading one, never both models'
     # FFN, and nothing read at all while the assignment runs.
-    streamed = lmc.formats.streamed
+    streamed = lmc.matching.streamed
     read, unit_correlation = streamed._Checked.read, streamed._StreamedDescent.unit_correlation
     best_permutation = streamed._StreamedDescent.best_permutation
     beside_reads, beside_assignments, correlating = [], [], []

@@ -1,0 +1,355 @@
+"""The write pass of the streamed alignment (:mod:`lmc.matching.streamed`): the checks, the shards and the merges.
+
+:func:`align_directories` aligns two safetensors folders with the streamed search and writes the
+aligned model, and any merges, shard by shard.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lmc.adapters import adapter_for, model_spec, scope_parameters
+from lmc.checkpoints import CheckpointError
+from lmc.formats.external import Checkpoint, ExternalModel, alignment_document, require_same_architecture
+from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, write_tensor
+from lmc.formats.streamed import copy_other_files, open_folder, skeleton
+from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
+from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
+from lmc.matching.aligner import weight_alignment
+from lmc.matching.checks import (
+    AttentionProbe,
+    check_dtype,
+    check_finite,
+    check_head_orders,
+    check_probe,
+    check_same_attention,
+    check_same_tensors,
+    check_unchanged,
+)
+from lmc.matching.merge import check_alphas, interpolate
+from lmc.matching.options import checked_options
+from lmc.matching.permutation import squared_distance
+from lmc.matching.streamed import (
+    _Checked,
+    _on_cpu,
+    _permutations,
+    _rows_moved,
+    _StreamedDescent,
+    _Transformed,
+    checked_device,
+    release_freed_memory,
+)
+from lmc.symmetry import Scope, SymmetrySpec, check_scope, scope_blocks
+
+STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
+"""The scopes :func:`align_directories` streams."""
+
+
+def _check_inputs(source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, model: nn.Module) -> torch.dtype:
+    """Refuse a pair that cannot be aligned (as :func:`~lmc.matching.align` would); return the stored dtype."""
+    check_same_tensors(source.layout(), target.layout())
+    parameters = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    stored = {name: source.entries[name].shape for name in parameters if name in source.entries}
+    missing = sorted(parameters.keys() - stored.keys())
+    wrong = [(n, shape, parameters[n]) for n, shape in stored.items() if shape != parameters[n]]
+    if missing or wrong:
+        raise CheckpointError(
+            f"{source.folder} does not fit its config.json's {type(model).__name__}: missing {missing[:3]}, "
+            f"shapes (stored, model) {wrong[:3]}; save the model with save_pretrained"
+        )
+    dtypes = {source.entries[name].dtype for name in stored}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in SAFETENSORS_DTYPES:
+        raise AlignmentError(
+            f"{source.folder} stores its parameters as {sorted(dtypes)}; lmc aligns models stored in one "
+            "floating-point dtype: save both with model.to(dtype)"
+        )
+    dtype = SAFETENSORS_DTYPES[dtypes.pop()]
+    check_dtype(dtype)
+    return dtype
+
+
+_Layer = dict[str, torch.Tensor]
+"""An attention layer's tensors by name."""
+
+
+class _AlignedTensors:
+    """The tensors the final transform moves, computed when a shard first needs them; each attention
+    layer's together, checked on its probe and dropped once all its tensors are written.
+
+    In a scope without the residual stream each attention layer's element depends on that layer
+    alone, so the layers of ``deferred`` are aligned here, when the write pass first reaches them
+    (by ``descent``): their tensors of both models are read once, for the alignment and the output.
+    """
+
+    def __init__(
+        self,
+        aligned: _Transformed,
+        report: AlignmentReport,
+        dtype: torch.dtype,
+        descent: _StreamedDescent | None = None,
+        deferred: Iterable[int] = (),
+    ):
+        self.aligned, self.report, self.dtype, self.descent = aligned, report, dtype, descent
+        self.deferred = set(deferred)
+        spec, transform = aligned.spec, report.transform
+        permutations = _permutations(spec, transform)
+        self.moved = {name for permutation in permutations for name, _ in permutation.axes}
+        layers = self.deferred | transform.attention.keys()
+        attention = {name for i in layers for name in spec.blocks[i].attention.parameters}
+        self.moved |= attention
+        # Tensors whose rows stay in place are moved a chunk of rows at a time (an embedding, an LM head).
+        self.whole = attention | _rows_moved(permutations)
+        self.ready: dict[int, tuple[_Layer, _Layer, _Layer | None, set[str]]] = {}
+        # Each aligned layer's probe and the source layer's output on it: the written layer's check reads
+        # only the written tensors.
+        self.references: dict[int, tuple[AttentionProbe, torch.Tensor]] = {}
+
+    def take(self, name: str, target: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tensor ``name`` of the source, aligned, and of ``target``."""
+        index = self.aligned.layer_of.get(name)
+        if index is None or (index not in self.deferred and index not in self.report.transform.attention):
+            source = self.aligned.source[name]
+            return source, self.aligned.moved({name: source})[name], target[name]
+        names = self.aligned.spec.blocks[index].attention.parameters
+        if index not in self.ready:
+            self.ready[index] = (*self._align(index, names), set())
+        source, aligned, targets, written = self.ready[index]
+        written.add(name)
+        if len(written) == len(names):
+            del self.ready[index]
+        return source[name], aligned[name], target[name] if targets is None else targets[name]
+
+    def _align(self, index: int, names: tuple[str, ...]) -> tuple[_Layer, _Layer, _Layer | None]:
+        """Layer ``index`` of the source, aligned, and of the target where it was read with them."""
+        if index in self.deferred:
+            source, aligned, target = self._align_layer(index, names)
+        else:
+            source = {name: self.aligned.source.read(name) for name in names}
+            aligned, target = self.aligned.moved(source), None  # from the tensors just read: each is read once
+        layer, options = self.aligned.spec.blocks[index].attention, self.report.options
+        probe = AttentionProbe(layer, options.seed)
+        reference = probe.output(source)
+        self.references[index] = probe, reference
+        error = probe.error(reference, aligned, self.report.transform.residual)
+        self.report.probe_relative_error = max(self.report.probe_relative_error, error)
+        check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
+        return source, aligned, target
+
+    def _align_layer(self, index: int, names: tuple[str, ...]) -> tuple[_Layer, _Layer, _Layer]:
+        """Both stages on attention layer ``index`` from one read of its tensors in each model (on the
+        descent's device); the source's, the aligned and the target's tensors on the CPU."""
+        descent = self.descent
+        with descent.holding(names):
+            source = {name: tensor.clone() for name, tensor in descent.parameters.held.items()}
+            descent.original.held = source  # the naive distance's
+            try:
+                descent.align_attention(index)  # moves the held tensors by the layer's element, in place
+            finally:
+                descent.original.held = {}
+            aligned, target = descent.parameters.held, descent.target.held
+        self.report.transform = _on_cpu(self.report.transform)
+        return tuple({name: tensor.cpu() for name, tensor in layer.items()} for layer in (source, aligned, target))
+
+
+def _pieces(
+    source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, blocks: _AlignedTensors, name: str
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(source, aligned, target)`` pieces of tensor ``name``, the source's checked finite: whole if it is
+    transformed whole, else chunks of rows (``aligned`` is then the source's piece itself where the transform
+    leaves the tensor)."""
+    if name in blocks.whole:
+        yield blocks.take(name, target)
+        return
+    is_float = source.entries[name].is_float
+    for start, stop in source.chunks(name):
+        piece = source.rows(name, start, stop)
+        if is_float:
+            check_finite("source", name, piece)
+        aligned = blocks.aligned.moved({name: piece})[name] if name in blocks.moved else piece
+        yield piece, aligned, target.rows(name, start, stop)
+        del piece, aligned  # before the next piece is read, so that one piece of each is held at a time
+
+
+def _write(
+    source: SafetensorsCheckpoint,
+    target: SafetensorsCheckpoint,
+    folders: dict[float | None, Path],
+    blocks: _AlignedTensors,
+    parameters: set[str],
+    scoped: set[str],
+    scope: Scope,
+) -> dict[str, float]:
+    """Write the aligned model (key ``None``) and each merge (key alpha) shard by shard.
+
+    Every tensor is read once from each model, and every piece checked as it is copied: finite,
+    and outside the scope equal in both. Returns the squared distances to the target over the
+    scope, ``naive`` and ``aligned``.
+    """
+    squared = {"naive": 0.0, "aligned": 0.0}
+    for folder in folders.values():
+        folder.mkdir()
+    for shard in source.shards:
+        handles = {key: open(folder / shard, "wb") for key, folder in folders.items()}
+        try:
+            for handle in handles.values():
+                handle.write(source.headers[shard])
+            for name in source.names(shard):
+                is_float = source.entries[name].is_float
+                unchanged = name in parameters and name not in scoped
+                for source_piece, aligned, target_piece in _pieces(source, target, blocks, name):
+                    if unchanged:  # equal to the source's piece, so finite too
+                        check_unchanged(scope, name, source_piece, target_piece)
+                    elif is_float:
+                        check_finite("target", name, target_piece)
+                    if name in scoped:
+                        squared["naive"] += squared_distance(source_piece, target_piece)
+                        squared["aligned"] += squared_distance(aligned, target_piece)
+                    # A merge of two equal pieces is the piece itself (torch.lerp is exact at equal ends).
+                    same_ends = not is_float or (unchanged and aligned is source_piece)
+                    for key, handle in handles.items():
+                        merged = aligned if key is None or same_ends else interpolate(target_piece, aligned, key)
+                        write_tensor(handle, merged)
+                        del merged
+                    del source_piece, aligned, target_piece  # before the next piece is read (see _pieces)
+                release_freed_memory()
+        finally:
+            for handle in handles.values():
+                handle.close()
+        for folder in folders.values():
+            size = (folder / shard).stat().st_size
+            if size != (source.folder / shard).stat().st_size:
+                raise AlignmentError(f"wrote {size} bytes to {folder / shard}, not the source's; this is a bug in lmc")
+    return squared
+
+
+def _written_error(
+    written: SafetensorsCheckpoint,
+    spec: SymmetrySpec,
+    report: AlignmentReport,
+    references: Mapping[int, tuple[AttentionProbe, torch.Tensor]],
+) -> float:
+    """The largest probe error of the aligned attention layers as written to disk and read back (the
+    layers whose weights were rounded; every other tensor is a permuted copy, checked by its size),
+    against the source layers' outputs on each probe (``references``, :attr:`_AlignedTensors.references`)."""
+    error = 0.0
+    for index in sorted(report.transform.attention):
+        layer = spec.blocks[index].attention
+        names = layer.parameters
+        probe, reference = references[index]
+        found = probe.error(reference, {name: written[name] for name in names}, report.transform.residual)
+        check_probe(found, report.check_rtol, written[names[0]].dtype, report.options.check_rtol is None,
+                    f"layer {layer.name} as written to {written.folder}")  # fmt: skip
+        error = max(error, found)
+    return error
+
+
+def align_directories(
+    source_dir: Checkpoint | str | Path,
+    target_dir: Checkpoint | str | Path,
+    output_dir: str | Path,
+    scope: Scope = "first_attention",
+    options: AlignOptions | None = None,
+    merge_alphas: Iterable[float] = (),
+    overwrite: bool = False,
+    device: str | torch.device = "cpu",
+) -> AlignmentReport:
+    """Align the model saved in ``source_dir`` to the one in ``target_dir``, streaming both.
+
+    Writes ``output_dir/aligned`` (a folder computing the source's function, sharded like the
+    source), ``output_dir/merged_<a>`` for each alpha ``a`` (``(1 - a) * target + a * aligned``)
+    and ``output_dir/report.json`` (:func:`~lmc.formats.external.alignment_document`: the alignment
+    report, the per-layer probe check and that of the written layers read back). Half-precision
+    weights are aligned in float32 (the per-head problems in float64) and written back in their
+    stored dtype.
+
+    Args:
+        source_dir: Hugging Face or timm folder of the model to transform (never modified).
+        target_dir: Folder of the model to come close to: same architecture, tensors and dtype.
+        output_dir: Folder to create (written under a temporary name, renamed into place when
+            complete; it may not overlap an input).
+        scope: One of :data:`STREAMED_SCOPES`; every parameter outside it must be identical in both.
+        options: As for :func:`lmc.matching.align`; ``probe_batch_size`` is unused (each layer is
+            probed with 16 tokens) and ``seed`` seeds the probe.
+        merge_alphas: Alphas in ``[0, 1]`` of the merges to write.
+        overwrite: Replace an existing ``output_dir`` (only once the new one is complete).
+        device: Where the solves run: each tensor read is moved there, so the Grams, correlations
+            and transforms of the search are computed there (``"cuda"``: a GPU); the assignments
+            run on the CPU, and the output is transformed and written from the CPU.
+
+    Returns:
+        The report, as :func:`lmc.matching.align`'s; ``probe_relative_error`` is the largest over
+        the aligned attention layers.
+
+    Raises:
+        CheckpointError: A folder is not a safetensors Hugging Face or timm folder, or a shard is corrupted.
+        AlignmentError: As :func:`lmc.matching.align`.
+        ValueError: A bad scope, alpha or output folder.
+    """
+    options = checked_options(options)
+    device = checked_device(device)
+    if options.data_aware:
+        raise ValueError(
+            f"data-aware settings ({options.data_settings}) need calibration batches, which a streamed alignment "
+            "of two folders does not read: use the weight settings (the defaults)"
+        )
+    check_scope(scope)
+    alphas = check_alphas(merge_alphas, "merge alphas")
+    started = time.perf_counter()
+    (source_checkpoint, source), (target_checkpoint, target) = open_folder(source_dir), open_folder(target_dir)
+    output = Path(output_dir)
+    clash = overlapping_input(output, [source.folder, target.folder])
+    if clash is not None:
+        raise ValueError(f"the output {output} would overlap the input {clash}: choose a folder outside both")
+    if output.exists() and not overwrite:
+        raise ValueError(f"{output} already exists: choose a new folder or pass overwrite=True to replace it")
+    check_output_folder(output.parent)
+    model, target_model = skeleton(source_checkpoint, source), skeleton(target_checkpoint, target)
+    require_same_architecture(
+        ExternalModel(source.folder, source_checkpoint.format, model),
+        ExternalModel(target.folder, target_checkpoint.format, target_model),
+    )
+    saved_names = adapter_for(model).saved_names(model)  # GPT-NeoX's lm_head is embed_out in its files
+    source, target = source.renamed(saved_names), target.renamed(saved_names)
+    dtype = _check_inputs(source, target, model)
+    spec = model_spec(model)
+    check_same_attention(spec, model_spec(target_model))
+    report = AlignmentReport.start(scope, options, dtype)
+    descent = _StreamedDescent(source, target, spec, report, dtype, device)
+    deferred: list[int] = []
+    if options.method != "naive":
+        attention, feed_forward, whole = scope_blocks(spec, scope)
+        check_head_orders(options.head_orders, attention, scope)
+        # Without the residual stream, each attention layer is aligned when the write pass reaches it: one read.
+        deferred = [] if whole else attention
+        weight_alignment(descent, spec, [] if deferred else attention, feed_forward, whole)
+
+    parameters = {name for name, _ in model.named_parameters()}
+    scoped = set(scope_parameters(model, scope, spec))
+    report.transform = _on_cpu(report.transform)
+    aligned = _Transformed(_Checked(source, "source"), spec, report)
+    blocks = _AlignedTensors(aligned, report, dtype, descent if deferred else None, deferred)
+    del descent  # what it keeps on the device, unless the write pass aligns layers
+    with atomic_output_folder(output, inputs=[source.folder, target.folder]) as temporary:
+        folders = {None: temporary / "aligned", **{a: temporary / f"merged_{a:g}" for a in alphas}}
+        first = len(report.layers)
+        squared = _write(source, target, folders, blocks, parameters, scoped, scope)
+        # The write pass aligned layers in the order the files hold them: report them by layer, as in memory.
+        order = {spec.blocks[index].attention.name: index for index in deferred}
+        report.layers[first:] = sorted(report.layers[first:], key=lambda record: order[record.name])
+        for folder in folders.values():
+            copy_other_files(source.folder, folder)
+        report.distance = {key: value**0.5 for key, value in squared.items()}
+        written = SafetensorsCheckpoint(folders[None], [folders[None] / shard for shard in source.shards])
+        written_error = _written_error(written.renamed(saved_names), spec, report, blocks.references)
+        report.seconds = time.perf_counter() - started
+        named = {"aligned": output / "aligned", **{f"merged_{a:g}": output / f"merged_{a:g}" for a in alphas}}
+        document = alignment_document(
+            source.folder, target.folder, source_checkpoint.format, report, written_error, named
+        )
+        atomic_write_json(temporary / "report.json", document)
+    return report
