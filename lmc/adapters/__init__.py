@@ -1,7 +1,7 @@
 """Model adapters: the registry, one adapter per supported model family, and the model-level API.
 
-``model_spec``, ``describe``, ``describe_scopes``, ``scope_parameters``, ``random_symmetry`` and ``apply_transform``
-take a model and read it through its adapter. ``transformers`` and ``timm`` are imported only
+``model_spec``, ``describe``, ``describe_scopes``, ``scope_parameters``, ``random_symmetry``, ``fold_norms`` and
+``apply_transform`` take a model and read it through its adapter. ``transformers`` and ``timm`` are imported only
 when one of their models is described.
 """
 
@@ -10,6 +10,7 @@ from lmc.adapters.api import (
     apply_transform,
     describe,
     describe_scopes,
+    fold_norms,
     model_spec,
     random_symmetry,
     scope_parameters,
@@ -31,6 +32,7 @@ __all__ = [
     "apply_transform",
     "describe",
     "describe_scopes",
+    "fold_norms",
     "list_adapters",
     "model_spec",
     "random_symmetry",

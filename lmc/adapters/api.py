@@ -21,6 +21,7 @@ from lmc.symmetry import (
     Scope,
     SymmetrySpec,
     explain_axes,
+    fold_parameters_,
     qk_group,
     sample_transform,
     scope_blocks,
@@ -176,6 +177,20 @@ def random_symmetry(model: nn.Module, scope: Scope = "all_attention", seed: int 
     """
     spec = model_spec(model)
     return apply_transform(model, sample_transform(spec, scope, torch.Generator().manual_seed(seed)), spec)
+
+
+def fold_norms(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` with every foldable norm folded into its readers: the same class and function.
+
+    Each norm on the residual stream that only linear maps read (``SymmetrySpec.folds``: pre-norms, a final norm
+    read by an untied head) has its gain, and its LayerNorm bias where every reader has a bias, moved into the
+    readers; the norm keeps a unit gain (Gemma: ``w = 0``) and a zero bias (docs/spec.md, section 2, "Folding the
+    norms"). Saved with the class's own ``save_pretrained`` or ``state_dict``, it loads as any checkpoint does.
+    """
+    spec = model_spec(model)
+    folded = copy.deepcopy(model)
+    fold_parameters_(dict(folded.named_parameters()), spec.folds)
+    return folded
 
 
 def apply_transform(model: nn.Module, transform: ModelTransform, spec: SymmetrySpec | None = None) -> nn.Module:

@@ -95,6 +95,10 @@ class DecoderLayout:
             attention, before the FFN; in a parallel residual both read the layer's input), where the
             family has them, and norms of the sublayers' outputs where it has those (Gemma 2 both,
             OLMo-2 only these: its sublayers read the stream itself).
+        pre_norms: Of ``norms``, the one the attention's projections read and the one the FFN's inputs read
+            (``None`` where the sublayer reads the stream itself, OLMo-2): only linear maps read these, so their
+            gains fold (docs/spec.md, section 2, "Folding the norms").
+        gain_offset: The norms' gain is ``gain_offset + weight`` (Gemma's ``1 + w``), 0 otherwise.
         final_norm: Path of the norm after the last layer.
         embeddings: Path of the token embedding.
         lm_head: Path of the output projection (tied to the embedding if the config says so).
@@ -133,6 +137,8 @@ class DecoderLayout:
     mlp_bias: BiasRule = False
     norm: Literal["rms", "layer"] = "rms"
     norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+    pre_norms: tuple[str | None, str | None] = ("input_layernorm", "post_attention_layernorm")
+    gain_offset: float = 0.0
     final_norm: str = "model.norm"
     embeddings: str = "model.embed_tokens"
     lm_head: str = "lm_head"
@@ -182,7 +188,7 @@ class DecoderAdapter(CausalLMAdapter):
         head_dim = getattr(c, "head_dim", None) or d // h
         rotary = self._rotary(model, head_dim)
         residual = index.axes((f"{layout.embeddings}.weight", 1), (f"{layout.lm_head}.weight", 1))
-        blocks, readers = [], []
+        blocks, readers, folds = [], [], []
         for i in range(c.num_hidden_layers):
             p = f"{layout.layers}.{i}"
             projections = tuple(f"{p}.{layout.attention}.{x}" for x in layout.projections)
@@ -211,8 +217,15 @@ class DecoderAdapter(CausalLMAdapter):
             residual += [axis for q in projections[:-1] + inputs for axis in index.linear_reads(q)]
             residual += index.linear_writes(projections[-1]) + index.linear_writes(output)
             readers += norms
+            attention_norm, ffn_norm = layout.pre_norms
+            for norm, linears in ((attention_norm, projections[:-1]), (ffn_norm, inputs)):
+                if norm is not None:
+                    fold = index.norm_fold(f"{p}.{norm}", [index.reader(q) for q in linears], layout.gain_offset)
+                    folds.append(fold)
         residual += index.elementwise(layout.final_norm)
         readers.append(layout.final_norm)
+        if not c.tie_word_embeddings:  # tied, the head is the embedding, which also writes the stream
+            folds.append(index.norm_fold(layout.final_norm, [index.reader(layout.lm_head)], layout.gain_offset))
         vocabulary = index.axes((f"{layout.embeddings}.weight", 0), (f"{layout.lm_head}.weight", 0))
         residual_permutation = AxisPermutation(
             "residual",
@@ -222,9 +235,8 @@ class DecoderAdapter(CausalLMAdapter):
             signs="each" if layout.norm == "rms" else "global",  # docs/spec.md, "Signs of the residual stream"
             unsigned=tuple(index.gains(*readers)),
         )
-        return SymmetrySpec(
-            tuple(blocks), residual_permutation, fixed_axes=(FixedAxes("vocabulary", tuple(vocabulary)),)
-        )
+        fixed_axes = (FixedAxes("vocabulary", tuple(vocabulary)),)
+        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=fixed_axes, folds=tuple(folds))
 
     def _check_storage(self, model: nn.Module, index: ParameterIndex) -> None:
         """Refuse modules of another class and parameters the declaration does not describe."""
@@ -343,6 +355,7 @@ class Olmo2Adapter(DecoderAdapter):
         qkv_bias="attention_bias",
         out_bias="attention_bias",
         norms=("post_attention_layernorm", "post_feedforward_layernorm"),
+        pre_norms=(None, None),
         qk_norms=("q_norm", "k_norm"),
         qk_norm_width="full",
     )
@@ -351,7 +364,11 @@ class Olmo2Adapter(DecoderAdapter):
 @register_adapter("transformers:GemmaForCausalLM")
 class GemmaAdapter(DecoderAdapter):
     layout = DecoderLayout(
-        "Gemma", "transformers.models.gemma.modeling_gemma", qkv_bias="attention_bias", out_bias="attention_bias"
+        "Gemma",
+        "transformers.models.gemma.modeling_gemma",
+        qkv_bias="attention_bias",
+        out_bias="attention_bias",
+        gain_offset=1.0,
     )
 
 
@@ -368,6 +385,8 @@ class Gemma2Adapter(DecoderAdapter):
             "pre_feedforward_layernorm",
             "post_feedforward_layernorm",
         ),
+        pre_norms=("input_layernorm", "pre_feedforward_layernorm"),
+        gain_offset=1.0,
         sliding_window="sliding_window",
     )
 

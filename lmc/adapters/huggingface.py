@@ -117,6 +117,14 @@ class GPT2Adapter(CausalLMAdapter):
             )
         residual += index.elementwise("transformer.ln_f")
         readers = tuple(f"transformer.h.{i}.ln_{k}" for i in range(c.n_layer) for k in (1, 2)) + ("transformer.ln_f",)
+        # Conv1D is ``in x out``: c_attn and c_fc read the stream on axis 0. Tied, ln_f's reader is the embedding.
+        folds = [
+            index.norm_fold(f"transformer.h.{i}.ln_{k}", [index.reader(f"transformer.h.{i}.{reader}", axis=0)])
+            for i in range(c.n_layer)
+            for k, reader in ((1, "attn.c_attn"), (2, "mlp.c_fc"))
+        ]
+        if not c.tie_word_embeddings:
+            folds.append(index.norm_fold("transformer.ln_f", [index.reader("lm_head")]))
         fixed_axes = (
             FixedAxes("vocabulary", tuple(index.axes(("transformer.wte.weight", 0), ("lm_head.weight", 0)))),
             FixedAxes("positions", tuple(index.axes(("transformer.wpe.weight", 0)))),
@@ -124,7 +132,7 @@ class GPT2Adapter(CausalLMAdapter):
         residual_permutation = AxisPermutation(
             "residual", d, tuple(residual), readers, signs="global", unsigned=tuple(index.gains(*readers))
         )
-        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=fixed_axes)
+        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=fixed_axes, folds=tuple(folds))
 
     def example_inputs(self, model: nn.Module, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         return {"input_ids": token_inputs(model.config, batch_size, generator, model.config.n_positions)}
@@ -357,7 +365,7 @@ class ViTAdapter(ModelAdapter):
         e = "vit.embeddings"
         residual = index.axes((f"{e}.cls_token", 2), (f"{e}.position_embeddings", 2), (f"{e}.mask_token", 2))
         residual += index.linear_writes(f"{e}.patch_embeddings.projection")  # Conv2d: out channels first
-        blocks, readers = [], []
+        blocks, readers, folds = [], [], []
         for i, layer in enumerate(model.vit.layers):
             p = f"vit.layers.{i}"
             require_class(layer, (ViTLayer,), p)
@@ -383,8 +391,11 @@ class ViTAdapter(ModelAdapter):
             residual += index.linear_writes(f"{p}.mlp.fc2")
             residual += index.elementwise(f"{p}.layernorm_before") + index.elementwise(f"{p}.layernorm_after")
             readers += [f"{p}.layernorm_before", f"{p}.layernorm_after"]
+            folds.append(index.norm_fold(f"{p}.layernorm_before", [index.reader(q) for q in projections[:3]]))
+            folds.append(index.norm_fold(f"{p}.layernorm_after", [index.reader(f"{p}.mlp.fc1")]))
         residual += index.elementwise("vit.layernorm") + index.linear_reads("classifier")
         readers.append("vit.layernorm")
+        folds.append(index.norm_fold("vit.layernorm", [index.reader("classifier")]))
         fixed_axes = (
             FixedAxes(
                 "inputs", tuple(index.axes(*((f"{e}.patch_embeddings.projection.weight", k) for k in (1, 2, 3))))
@@ -395,7 +406,7 @@ class ViTAdapter(ModelAdapter):
         residual_permutation = AxisPermutation(
             "residual", d, tuple(residual), tuple(readers), signs="global", unsigned=tuple(index.gains(*readers))
         )
-        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=fixed_axes)
+        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=fixed_axes, folds=tuple(folds))
 
     # save_pretrained writes each layer in the layout of older transformers (its conversion mapping, reversed).
     SAVED_MODULES = {

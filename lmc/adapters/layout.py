@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lmc.adapters.base import UnsupportedModelError
+from lmc.symmetry.folds import NormFold, Reader
 from lmc.symmetry.spec import AttentionSpec, AxisPermutation, FeedForwardSpec, HeadSlot, RotaryLayout
 
 Axes = list[tuple[str, int]]
@@ -57,6 +58,15 @@ class ParameterIndex:
     def gains(self, *prefixes: str) -> Axes:
         """Axes of the gains (weights) of the norms ``prefixes``: what a sign flip of their input leaves alone."""
         return self.axes(*((f"{prefix}.weight", 0) for prefix in prefixes))
+
+    def reader(self, prefix: str, axis: int = 1) -> Reader:
+        """A linear map reading the stream: ``nn.Linear`` (input axis 1) or, with ``axis=0``, GPT-2's ``Conv1D``."""
+        return Reader(f"{prefix}.weight", axis, self.optional(f"{prefix}.bias"))
+
+    def norm_fold(self, norm: str, readers: list[Reader], gain_offset: float = 0.0) -> NormFold:
+        """The fold of norm ``norm`` (its ``weight`` and ``bias`` where present) into ``readers``."""
+        gain, bias = self.optional(f"{norm}.weight"), self.optional(f"{norm}.bias")
+        return NormFold(norm, gain, tuple(readers), bias, gain_offset)
 
     def bias_slot(self, name: str, offset: int = 0) -> HeadSlot | None:
         return HeadSlot(name, 0, offset) if name in self.shapes else None

@@ -22,7 +22,7 @@ class ReferenceAdapter(ModelAdapter):
         c = model.config
         index = ParameterIndex(model)
         pe = {"none": "none", "sinusoidal": "absolute", "learned": "absolute", "rope": "rope"}[c.pe]
-        blocks, residual = [], []
+        blocks, residual, folds = [], [], []
         residual += index.axes(("patch_embed.weight", 0), ("patch_embed.bias", 0), ("cls_token", 2))
         residual += index.axes(("token_embed.weight", 1), ("pos_embed", 1))
         for i, block in enumerate(model.blocks):
@@ -53,7 +53,10 @@ class ReferenceAdapter(ModelAdapter):
             residual += [axis for p in projections[:3] for axis in index.linear_reads(p)]
             residual += index.linear_writes(projections[3]) + index.linear_writes(f"{prefix}.mlp.down_proj")
             residual += [axis for p in inputs for axis in index.linear_reads(p)]
+            folds.append(index.norm_fold(f"{prefix}.attn_norm", [index.reader(p) for p in projections[:3]]))
+            folds.append(index.norm_fold(f"{prefix}.mlp_norm", [index.reader(p) for p in inputs]))
         residual += index.elementwise("norm") + index.linear_reads("head")
+        folds.append(index.norm_fold("norm", [index.reader("head")]))  # pre-norm blocks: linear readers only
         fixed_axes = [
             FixedAxes("inputs", tuple(index.linear_reads("patch_embed"))),
             FixedAxes("vocabulary", tuple(index.axes(("token_embed.weight", 0)))),
@@ -63,7 +66,7 @@ class ReferenceAdapter(ModelAdapter):
         if c.pe == "sinusoidal":
             fixed_axes.append(FixedAxes("constant", tuple(residual)))  # the stream's coordinates are the table's
             note = "the sinusoidal position table is a fixed buffer added to the residual stream"
-            return SymmetrySpec(tuple(blocks), None, note, fixed_axes=tuple(fixed_axes))
+            return SymmetrySpec(tuple(blocks), None, note, fixed_axes=tuple(fixed_axes), folds=tuple(folds))
         readers = tuple(f"blocks.{i}.{norm}" for i in range(len(blocks)) for norm in ("attn_norm", "mlp_norm"))
         readers += ("norm",)
         residual_permutation = AxisPermutation(
@@ -74,7 +77,7 @@ class ReferenceAdapter(ModelAdapter):
             signs="each" if c.norm == "rmsnorm" else "global",  # docs/spec.md, "Signs of the residual stream"
             unsigned=tuple(index.gains(*readers)),
         )
-        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=tuple(fixed_axes))
+        return SymmetrySpec(tuple(blocks), residual_permutation, fixed_axes=tuple(fixed_axes), folds=tuple(folds))
 
     def model_inputs(self, model: ReferenceTransformer, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if model.config.task == "image_classification":

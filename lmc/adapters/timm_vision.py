@@ -25,6 +25,7 @@ from lmc.adapters.layout import (
     rotary_from_cos_sin,
 )
 from lmc.rotary import rotary_pairs
+from lmc.symmetry.folds import Reader
 from lmc.symmetry.spec import (
     AttentionSpec,
     AxisPermutation,
@@ -93,6 +94,14 @@ def _attention(
         out_bias=index.optional(f"{prefix}.proj.bias"),
     )
     return spec, index.linear_reads(qkv) + index.linear_writes(f"{prefix}.proj")
+
+
+def _attention_readers(index: ParameterIndex, prefix: str, attn: nn.Module) -> list[Reader]:
+    """The projections reading the attention's input; a fused ``qkv`` whose key has no bias (Eva's separate
+    ``q_bias`` and ``v_bias``) takes no folded bias."""
+    if getattr(attn, "qkv", None) is None:
+        return [index.reader(f"{prefix}.{x}") for x in ("q_proj", "k_proj", "v_proj")]
+    return [index.reader(f"{prefix}.qkv")]
 
 
 def _axial_rotary(model: nn.Module) -> RotaryLayout | None:
@@ -180,7 +189,7 @@ def _vision_spec(
     residual = index.axes(("cls_token", 2), ("reg_token", 2), ("pos_embed", 2))
     residual += index.axes(("patch_embed.proj.weight", 0), ("patch_embed.proj.bias", 0))
     residual += index.elementwise("patch_embed.norm") + index.elementwise("norm_pre")
-    blocks = []
+    blocks, folds = [], []
     for i, block in enumerate(model.blocks):
         prefix = f"blocks.{i}"
         require_class(block, (block_class,), prefix)
@@ -201,6 +210,8 @@ def _vision_spec(
         residual += index.elementwise(f"{prefix}.norm1") + index.elementwise(f"{prefix}.norm2") + attention_axes
         residual += [axis for p in inputs for axis in index.linear_reads(p)] + index.linear_writes(f"{prefix}.mlp.fc2")
         residual += index.axes(*((f"{prefix}.{name}", 0) for name in layer_scale))
+        folds.append(index.norm_fold(f"{prefix}.norm1", _attention_readers(index, f"{prefix}.attn", block.attn)))
+        folds.append(index.norm_fold(f"{prefix}.norm2", [index.reader(p) for p in inputs]))
     residual += index.elementwise("norm") + index.elementwise("fc_norm") + index.linear_reads("head")
     # Every norm on the stream reads it; ``norm`` is an Identity under fc_norm and still reads it.
     readers = tuple(f"blocks.{i}.norm{k}" for i in range(len(blocks)) for k in (1, 2)) + ("norm",)
@@ -220,11 +231,17 @@ def _vision_spec(
     residual_permutation = AxisPermutation(
         "residual", width, tuple(residual), readers, signs=_stream_signs(model, norms), unsigned=tuple(unsigned)
     )
+    # The last norm (``norm``, or ``fc_norm`` after the pooling) feeds the head through an average or the class
+    # token; a max over tokens does not commute with a gain that may be negative, so it does not fold there.
+    final = "fc_norm" if index.optional("fc_norm.weight") else "norm"
+    if "max" not in model.global_pool and index.optional(f"{final}.weight"):
+        folds.append(index.norm_fold(final, [index.reader("head")]))
     return SymmetrySpec(
         tuple(blocks),
         residual_permutation,
         tokens=tokens,
         fixed_axes=fixed_axes,
+        folds=tuple(folds),
     )
 
 

@@ -111,8 +111,8 @@ def _permutations(spec: SymmetrySpec, transform: ModelTransform | None = None) -
         hidden = [block.feed_forward.hidden for block in spec.blocks if block.feed_forward]
         return hidden + list(spec.task_heads) + [p for p in (spec.residual, spec.tokens) if p is not None]
     permutations = [spec.blocks[i].feed_forward.hidden for i in transform.feed_forward]
-    permutations += [spec.task_heads[i] for i in transform.task_heads]
-    permutations += [spec.residual] if transform.residual is not None else []
+    permutations += [spec.task_heads[i] for i in transform.task_heads.keys() | transform.task_head_signs.keys()]
+    permutations += [spec.residual] if transform.residual is not None or transform.residual_signs is not None else []
     permutations += [spec.tokens] if transform.tokens is not None else []
     return permutations
 
@@ -333,4 +333,6 @@ def _on_cpu(transform: ModelTransform) -> ModelTransform:
         task_heads={i: perm.cpu() for i, perm in transform.task_heads.items()},
         residual=None if transform.residual is None else transform.residual.cpu(),
         tokens=None if transform.tokens is None else transform.tokens.cpu(),
+        residual_signs=None if transform.residual_signs is None else transform.residual_signs.cpu(),
+        task_head_signs={i: signs.cpu() for i, signs in transform.task_head_signs.items()},
     )

@@ -135,7 +135,8 @@ class _AlignedTensors:
         probe = AttentionProbe(layer, options.seed)
         reference = probe.output(source)
         self.references[index] = probe, reference
-        error = probe.error(reference, aligned, self.report.transform.residual)
+        transform = self.report.transform
+        error = probe.error(reference, aligned, transform.residual, transform.residual_signs)
         self.report.probe_relative_error = max(self.report.probe_relative_error, error)
         check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
         return source, aligned, target
@@ -241,7 +242,10 @@ def _written_error(
         layer = spec.blocks[index].attention
         names = layer.parameters
         probe, reference = references[index]
-        found = probe.error(reference, {name: written[name] for name in names}, report.transform.residual)
+        transform = report.transform
+        found = probe.error(
+            reference, {name: written[name] for name in names}, transform.residual, transform.residual_signs
+        )
         check_probe(found, report.check_rtol, written[names[0]].dtype, report.options.check_rtol is None,
                     f"layer {layer.name} as written to {written.folder}")  # fmt: skip
         error = max(error, found)

@@ -9,6 +9,7 @@ model-level entry points (``model_spec``, ``describe``, ``random_symmetry``, ...
 """
 
 from lmc.symmetry.axes import REASONS, AxisRole, explain_axes, unexplained_axes
+from lmc.symmetry.folds import NormFold, Reader, fold_parameters_
 from lmc.symmetry.groups import (
     QKGroup,
     SignFlips,
@@ -67,7 +68,9 @@ __all__ = [
     "FixedReason",
     "HeadSlot",
     "ModelTransform",
+    "NormFold",
     "QKGroup",
+    "Reader",
     "RotaryLayout",
     "Scope",
     "SignFlips",
@@ -78,6 +81,7 @@ __all__ = [
     "check_scope",
     "compute_dtype",
     "explain_axes",
+    "fold_parameters_",
     "general_linear",
     "head_rows",
     "other_pair_layout",

@@ -19,6 +19,8 @@ from typing import Literal, get_args
 
 import torch
 
+from lmc.symmetry.folds import NormFold
+
 PositionalEncoding = Literal["none", "absolute", "rope"]
 RopeLayout = Literal["half", "interleaved", "axial"]
 Scope = Literal["first_attention", "all_attention", "first_block", "full_model"]
@@ -327,6 +329,9 @@ class SymmetrySpec:
             own, or their own rows of the position table, which move with them), or ``None``. Its
             units are parameters, the same for every input, so it is matched by weight whatever the
             unit matching. Only ``full_model`` moves it.
+        folds: The norms on the residual stream whose gains (and biases) their readers can absorb
+            (:func:`~lmc.symmetry.folds.fold_parameters_`; docs/spec.md, section 2, "Folding the norms"); a norm
+            whose output the stream itself or a tied head also reads is not among them.
         fixed_axes: The axes of the model's parameters that no group acts on, each with its reason
             (vocabulary rows, class logits, position tables, pixels). With the groups above they
             explain every axis of every parameter (:func:`lmc.symmetry.axes.unexplained_axes`); an
@@ -340,6 +345,7 @@ class SymmetrySpec:
     task_heads: tuple[AxisPermutation, ...] = ()
     tokens: AxisPermutation | None = None
     fixed_axes: tuple[FixedAxes, ...] = ()
+    folds: tuple[NormFold, ...] = ()
 
     @property
     def attention(self) -> tuple[AttentionSpec, ...]:
