@@ -9,10 +9,12 @@ BIN := $(VENV)/bin
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
+# Quiet: pip prints its warnings and errors only. PYTHONWARNINGS drops the ten-line notice setuptools gives on
+# every editable install of a mapped folder (lmc.configs is configs/): information, not a warning.
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
 install: $(BIN)/.installed  ## Create .venv and install lmc with its pinned dependencies

@@ -5,17 +5,22 @@
 - ``lmc align``, ``interpolate``, ``equivalent``, ``demo``, ``repro``, ``symmetry``: typed
   functions, one per module of this package, whose docstrings are their ``--help`` (lmc.cli.parsing).
 
+``lmc --help`` and ``--version`` import no command, and each command imports only its own modules,
+so the help of those whose options are plain values (demo, repro, symmetry) loads no torch.
+
 Errors that come from the user's input (a missing checkpoint, a bad value, an unsupported
 model) print one line and exit with status 2; ``LMC_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
 from collections.abc import Callable
 
+import lmc
 from lmc.cli.train import TRAINING_COMMANDS
 
 #: The typed function commands: each is the function of that name in ``lmc.cli.<name>``.
@@ -25,14 +30,14 @@ COMMANDS = (*TRAINING_COMMANDS, "run", *FUNCTION_COMMANDS)
 
 _DESCRIPTION = """Weight-space symmetry and linear mode connectivity of Transformers.
 
-Commands:
+commands:
   fit, validate, test, predict
                 Lightning's commands over an experiment config (lmc fit --config X.yaml)
   run           The paper's protocol from one experiment config: pre-train, fine-tune
                 seeds, align and sweep every pair, summarize (lmc run --config X.yaml)
-{functions}
+{functions}"""
 
-`lmc COMMAND --help` shows a command's options. Errors in the input print one line and
+_EPILOG = """`lmc COMMAND --help` shows a command's options. Errors in the input print one line and
 exit with status 2; LMC_DEBUG=1 shows the traceback."""
 
 
@@ -41,25 +46,46 @@ def command(name: str) -> Callable[..., None]:
     return getattr(importlib.import_module(f"lmc.cli.{name}"), name)
 
 
-def _function_command(argv: list[str]) -> None:
-    from jsonargparse import ArgumentParser, set_parsing_settings
+def _parser() -> argparse.ArgumentParser:
+    """``lmc`` before its command: ``--help`` and ``--version``, which import none of the commands."""
+    from lmc.cli import parsing
+
+    listed = "\n".join(f"  {name:13s} {parsing.summary(name)}" for name in FUNCTION_COMMANDS)
+    parser = argparse.ArgumentParser(
+        prog="lmc",
+        usage="lmc [-h] [--version] COMMAND ...",
+        description=_DESCRIPTION.format(functions=listed),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"lmc {lmc.__version__}")
+    parser.add_argument("command", choices=COMMANDS, metavar="COMMAND", help=argparse.SUPPRESS)
+    return parser
+
+
+def _function_command(name: str, argv: list[str]) -> None:
+    from jsonargparse import set_parsing_settings
 
     from lmc.cli import parsing
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    functions = {name: command(name) for name in FUNCTION_COMMANDS}
-    listed = "\n".join(f"  {name:13s} {parsing.summary(function)}" for name, function in functions.items())
-    parser = ArgumentParser(
-        prog="lmc",
-        usage=f"lmc {{{','.join(COMMANDS)}}} ...",
-        description=_DESCRIPTION.format(functions=listed),
-        formatter_class=parsing.help_formatter(),
-    )
-    subcommands = parser.add_subcommands(required=True, dest="command")
-    for name, function in functions.items():
-        subcommands.add_subcommand(name, parsing.parser_for(function), help=parsing.summary(function))
-    config = parser.parse_args(parsing.underscored(argv))
-    parsing.call(functions[config.command], parser, config, config.command)
+    function = command(name)
+    parser = parsing.parser_for(function)
+    parsing.call(function, parser, parser.parse_args(parsing.underscored(argv)))
+
+
+def _run_command(name: str, argv: list[str]) -> None:
+    """Parse and run ``lmc NAME ARGV...``: only the named command's modules are imported."""
+    if name in TRAINING_COMMANDS:
+        from lmc.cli import train
+
+        train.main([name, *argv])
+    elif name == "run":
+        from lmc.cli import run
+
+        run.main(argv)
+    else:
+        _function_command(name, argv)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -80,18 +106,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         parsing.check_config_files(argv)
-        if argv and argv[0] in TRAINING_COMMANDS:
-            from lmc.cli import train
-
-            train.main(argv)
-        elif argv and argv[0] == "run":
-            from lmc.cli import run
-
-            run.main(argv[1:])
-        else:
-            _function_command(argv)
-    except _user_errors() as error:
-        if os.environ.get("LMC_DEBUG"):
+        if argv and argv[0] in COMMANDS:
+            _run_command(argv[0], argv[1:])
+        else:  # --help, --version, or the one line that says what is wrong
+            _run_command(_parser().parse_args(argv).command, [])
+    except Exception as error:  # not `except _user_errors()`: --help's SystemExit would import them all
+        if os.environ.get("LMC_DEBUG") or not isinstance(error, _user_errors()):
             raise
         from lmc.cli.parsing import one_line
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
@@ -10,9 +12,12 @@ from pathlib import Path
 from lmc.training.cli import help_formatter
 
 
-def summary(function: Callable[..., None]) -> str:
-    """The first line of a command's docstring."""
-    return inspect.getdoc(function).splitlines()[0]
+def summary(name: str) -> str:
+    """The first line of the docstring of the function command ``name``, read from its source:
+    importing the command imports its types (torch, Lightning), and ``lmc --help`` imports none."""
+    source = Path(importlib.util.find_spec(f"lmc.cli.{name}").origin).read_text()
+    function = next(node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == name)
+    return ast.get_docstring(function).splitlines()[0]
 
 
 def flattened(function: Callable[..., None]) -> dict[str, type]:
@@ -26,22 +31,27 @@ def flattened(function: Callable[..., None]) -> dict[str, type]:
 
 
 def parser_for(function: Callable[..., None]):
-    """A jsonargparse parser of ``function``: required parameters positional, options dataclasses flattened."""
+    """The parser of ``lmc <function>``: required parameters positional, options dataclasses flattened."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     description = inspect.getdoc(function).split("\n\nArgs:")[0]
-    parser = ArgumentParser(description=description, formatter_class=help_formatter())
-    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these arguments")
     groups = flattened(function)
+    parameters = inspect.signature(function).parameters.values()
+    positional = [p.name for p in parameters if p.default is inspect.Parameter.empty]
+    # The options are listed below the description; a usage line of every flag would push it a screen down.
+    usage = " ".join(["%(prog)s [-h] [--config CONFIG] [--FLAG VALUE ...]", *positional])
+    prog = f"lmc {function.__name__}"
+    parser = ArgumentParser(prog=prog, usage=usage, description=description, formatter_class=help_formatter())
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these arguments")
     parser.add_function_arguments(function, as_positional=True, skip=set(groups), as_group=False, sub_configs=True)
     for options in groups.values():
         parser.add_class_arguments(options, None, instantiate=False)
     return parser
 
 
-def call(function: Callable[..., None], parser, config, name: str) -> None:
-    """Instantiate the parsed arguments of ``name`` and call ``function`` with them."""
-    arguments = parser.instantiate_classes(config)[name]
+def call(function: Callable[..., None], parser, config) -> None:
+    """Instantiate the arguments ``parser`` parsed and call ``function`` with them."""
+    arguments = parser.instantiate_classes(config)
     groups = flattened(function)
     kwargs = {k: arguments[k] for k in inspect.signature(function).parameters if k not in groups}
     for parameter, options in groups.items():

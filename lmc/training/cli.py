@@ -76,12 +76,48 @@ def help_formatter():
     return Formatter
 
 
-def _parser_kwargs(run: bool, description: str | None) -> dict[str, object]:
-    """The LightningCLI parsers' settings: plain-text help on the main parser and each subcommand's."""
+#: The config groups LightningCLI makes of Lightning's classes; a command's --help lists its own options first.
+_LIGHTNING_GROUPS = ("trainer", "model", "data")
+
+
+def _usage(command: str) -> str:
+    """``lmc COMMAND``'s usage line: its options are listed below its description, not in this line."""
+    return f"lmc {command} [-h] [-c CONFIG] [--print_config[=flags]] [--KEY VALUE ...]"
+
+
+def _parser_kwargs(run: bool, description: str | None, subcommands: list[str]) -> dict[str, object]:
+    """The LightningCLI parsers' settings: plain-text help, the command's name and a short usage line, on the
+    main parser (``lmc run``'s) or on each subcommand's (``lmc fit``, ...)."""
     plain = {"formatter_class": help_formatter()}
     if run:
-        return {**plain, **{name: plain for name in ("fit", "validate", "test", "predict")}}
-    return {**plain, **({} if description is None else {"description": description})}
+        return {**plain, "prog": "lmc", **{name: {**plain, "usage": _usage(name)} for name in subcommands}}
+    return {
+        **plain,
+        "prog": "lmc run",
+        "usage": _usage("run"),
+        **({} if description is None else {"description": description}),
+    }
+
+
+def _own_options_first():
+    """LightningCLI's parser, whose --help lists the command's own options (``protocol``, ``cluster``,
+    ``ckpt_path``, ...) before the trainer's, the model's and the data's."""
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+    class OwnOptionsFirst(LightningArgumentParser):
+        def format_help(self, *args, **kwargs) -> str:
+            keys = [key for key in self.groups if key.split(".")[0] not in _LIGHTNING_GROUPS]
+            # lmc fit's own (ckpt_path) before the protocol and cluster groups it ignores
+            own = [self.groups[key] for key in sorted(keys, key=lambda key: key not in LightningCLI.subcommands())]
+            rest = [group for group in self._action_groups if group not in own]
+            at = rest.index(self._optionals) + 1
+            listed, self._action_groups = self._action_groups, [*rest[:at], *own, *rest[at:]]
+            try:
+                return super().format_help(*args, **kwargs)
+            finally:
+                self._action_groups = listed
+
+    return OwnOptionsFirst
 
 
 def lightning_cli(
@@ -134,6 +170,7 @@ def lightning_cli(
             args=args,
             run=run,
             auto_configure_optimizers=False,
+            parser_class=_own_options_first(),
             # Without subcommands this parser is lmc run's: say so in its --help.
-            parser_kwargs=_parser_kwargs(run, description),
+            parser_kwargs=_parser_kwargs(run, description, list(LightningCLI.subcommands())),
         )

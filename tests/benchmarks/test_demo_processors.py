@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,14 @@ def test_another_machines_results_are_compared_with_this_processors_free_run(tmp
     assert text.rstrip().endswith("| n/a (two machines) |")
     with pytest.raises(ValueError, match="no 'free, this processor' run with epochs=3"):
         demo_processors.summarize(here, epochs=3, against=there)
+
+
+def test_the_readmes_demo_figures_are_the_committed_results():
+    """The README's demo paragraph had barriers, accuracies and losses typed by hand that no file held:
+    each of its figures (a decimal, a percentage, a wall time in seconds) is in benchmarks/results/demo_*.md."""
+    root = Path(__file__).parents[2]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## What the demo prints") :].split("\n## ")[0]
+    results = " ".join(path.read_text() for path in sorted((root / "benchmarks" / "results").glob("demo_*.md")))
+    figures = re.findall(r"\d+\.\d+|\d+(?= s\b| %)", section)
+    assert figures and [f for f in figures if not re.search(rf"(?<![\d.]){re.escape(f)}(?![\d])", results)] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import warnings
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import lmc
 from lmc.cli import main
 from lmc.cli.parsing import underscored
-from lmc.cli.symmetry import run
+from lmc.cli.symmetry_checks import run
 from lmc.experiments.protocol import experiment_cli
 from lmc.models import create_model
 from tests.cli import fails
@@ -109,18 +111,85 @@ def test_flags_take_dashes_or_underscores():
     assert underscored(argv) == ["align", "a", "--merge_alpha", "[0.5]", "--num_alphas=3", "--overwrite", "x-y", "-h"]
 
 
-def test_help_lists_every_command_in_its_usage_line(capsys):
+def test_help_lists_each_command_once_in_one_block_and_ends_with_its_last_line(capsys):
+    """The hand-written list used to be followed by jsonargparse's (which left out fit ... run)."""
     from lmc.cli import COMMANDS
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
-    usage, *rest = capsys.readouterr().out.splitlines()
-    assert usage == f"usage: lmc {{{','.join(COMMANDS)}}} ..."
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: lmc [-h] [--version] COMMAND ...\n")
     assert set(COMMANDS) == {"fit", "validate", "test", "predict", "run", "align", "interpolate", "equivalent", "demo",
                              "repro", "symmetry"}  # fmt: skip
-    listed = "\n".join(rest)
-    for command in COMMANDS:
-        assert f"  {command} " in listed or f" {command}," in listed or f"{command}\n" in listed, command
+    block = text[text.index("\ncommands:\n") + 1 :].split("\n\n")[0]
+    # an entry: two spaces, its commands, then two spaces or the end of the line before what it does
+    listed = [
+        name
+        for line in block.splitlines()[1:]
+        if not line.startswith("   ")
+        for name in line.split("  ")[1].split(", ")
+    ]
+    assert sorted(listed) == sorted(COMMANDS)
+    assert _listed_at_line_starts(text) == _listed_at_line_starts(block)  # and nowhere else
+    assert text.endswith("LMC_DEBUG=1 shows the traceback.\n")
+
+
+def _listed_at_line_starts(text: str) -> list[str]:
+    from lmc.cli import COMMANDS
+
+    return [word for word in re.findall(r"^ +([a-z]+)", text, flags=re.MULTILINE) if word in COMMANDS]
+
+
+def test_version_prints_the_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"lmc {lmc.__version__}\n"
+
+
+#: Imported by a command, never by ``lmc --help``, ``--version`` or the help of these commands.
+HEAVY = ("torch", "lightning", "transformers")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["--version"], ["demo", "--help"], ["repro", "--help"], ["symmetry", "--help"]]
+)
+def test_help_and_version_import_no_torch(argv):
+    """Every help took about 15 s: torch and Lightning were imported before the arguments were parsed."""
+    code = f"import sys\nfrom lmc.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+    code += f"print(sorted(set({HEAVY!r}) & set(sys.modules)), file=sys.stderr)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout, result.stderr
+    assert result.stderr.splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    ("argv", "description"),
+    [
+        (["run"], "lmc run: the paper's protocol from one experiment config."),
+        (["fit"], "Runs the full optimization routine."),
+        (["align"], "Align SOURCE to TARGET and write the aligned (and merged) models into OUTPUT."),
+        (["demo"], "The main job: pre-train, fine-tune seeds, align and sweep on 5,000 real MNIST digits"),
+    ],
+)
+def test_a_commands_help_opens_with_its_usage_and_description(argv, description, capsys):
+    """lmc run --help was 658 lines: a usage line of 'lmc' and every flag, its description at line 69."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    usage, blank, first, *_ = capsys.readouterr().out.splitlines()
+    assert usage.startswith(f"usage: lmc {argv[0]} [-h] ") and blank == "" and first.startswith(description)
+
+
+@pytest.mark.parametrize("command", ["run", "fit"])
+def test_a_commands_own_options_come_before_the_trainers_and_models(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    own = ["--protocol.seeds", "--cluster.executor"] if command == "run" else ["--ckpt_path", "--protocol.seeds"]
+    order = [text.index(f"\n  {flag} ") for flag in [*own, "--trainer.max_epochs", "--model.model"]]
+    assert order == sorted(order)
 
 
 #: reStructuredText that docstrings use and plain-text help must not show.
