@@ -64,7 +64,13 @@ from lmc.formats.external import (
     detect,
     require_same_architecture,
 )
-from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, write_tensor
+from lmc.formats.safetensors import (
+    SAFETENSORS_DTYPES,
+    SafetensorsCheckpoint,
+    loaded_ties,
+    tied_names,
+    write_tensor,
+)
 from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
 from lmc.matching.aligner import WeightDescent, weight_alignment
@@ -215,6 +221,38 @@ def skeleton(checkpoint: Checkpoint | str | Path, weights: Mapping[str, torch.Te
             owner, _, leaf = name.rpartition(".")
             model.get_submodule(owner)._parameters[leaf] = nn.Parameter(weights[name], requires_grad=False)
     return model
+
+
+def _tie_as_loaded(
+    models: tuple[nn.Module, nn.Module], checkpoints: tuple[SafetensorsCheckpoint, SafetensorsCheckpoint]
+) -> tuple[dict[str, str], dict[str, bool]]:
+    """Tie the skeletons' parameters as the model's loader ties them (:func:`~lmc.formats.safetensors.loaded_ties`):
+    a tied name the files store with other values than its parameter's is given a parameter of its own.
+
+    Returns:
+        The models' :func:`~lmc.formats.safetensors.tied_names` as built, and whether the loader ties
+        each one the files store (the aligned folder is read back the same way).
+
+    Raises:
+        CheckpointError: One folder stores such a tensor tied and the other untied: two functions of different form.
+    """
+    tied = tied_names(models[0])
+    ties = [loaded_ties(checkpoint, tied) for checkpoint in checkpoints]
+    if ties[0] != ties[1]:
+        name = next(n for n in ties[0].keys() | ties[1].keys() if ties[0].get(n) != ties[1].get(n))
+        described = [{True: "equal to", False: "apart from", None: "without"}[t.get(name)] for t in ties]
+        raise CheckpointError(
+            f"{checkpoints[0].folder} stores {name} {described[0]} {tied[name]} and {checkpoints[1].folder} "
+            f"{described[1]} it, so from_pretrained loads one model tied and the other untied: give two "
+            f"checkpoints saved alike (save both with save_pretrained)"
+        )
+    for model in models:
+        for name in (name for name, kept in ties[0].items() if not kept):
+            owner, _, leaf = name.rpartition(".")
+            shared = model.get_submodule(owner)._parameters[leaf]
+            untied = nn.Parameter(torch.empty_like(shared, device="meta"), requires_grad=shared.requires_grad)
+            model.get_submodule(owner)._parameters[leaf] = untied
+    return tied, ties[0]
 
 
 def _check_inputs(source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, model: nn.Module) -> torch.dtype:
@@ -582,12 +620,14 @@ def _write(
     parameters: set[str],
     scoped: set[str],
     scope: Scope,
+    tied: Mapping[str, str],
 ) -> dict[str, float]:
     """Write the aligned model (key ``None``) and each merge (key alpha) shard by shard.
 
     Every tensor is read once from each model, and every piece checked as it is copied: finite,
-    and outside the scope equal in both. Returns the squared distances to the target over the
-    scope, ``naive`` and ``aligned``.
+    and outside the scope equal in both; a tied parameter's other name that the files store
+    (``tied``) is written as its parameter is, so the loader ties it again. Returns the squared
+    distances to the target over the scope, ``naive`` and ``aligned``.
     """
     squared = {"naive": 0.0, "aligned": 0.0}
     for folder in folders.values():
@@ -600,7 +640,7 @@ def _write(
             for name in source.names(shard):
                 is_float = source.entries[name].is_float
                 unchanged = name in parameters and name not in scoped
-                for source_piece, aligned, target_piece in _pieces(source, target, blocks, name):
+                for source_piece, aligned, target_piece in _pieces(source, target, blocks, tied.get(name, name)):
                     if unchanged:  # equal to the source's piece, so finite too
                         check_unchanged(scope, name, source_piece, target_piece)
                     elif is_float:
@@ -722,6 +762,7 @@ def align_directories(
     )
     saved_names = adapter_for(model).saved_names(model)  # GPT-NeoX's lm_head is embed_out in its files
     source, target = source.renamed(saved_names), target.renamed(saved_names)
+    tied, ties = _tie_as_loaded((model, target_model), (source, target))
     dtype = _check_inputs(source, target, model)
     spec = model_spec(model)
     check_same_attention(spec, model_spec(target_model))
@@ -744,7 +785,8 @@ def align_directories(
     with atomic_output_folder(output, inputs=[source.folder, target.folder]) as temporary:
         folders = {None: temporary / "aligned", **{a: temporary / f"merged_{a:g}" for a in alphas}}
         first = len(report.layers)
-        squared = _write(source, target, folders, blocks, parameters, scoped, scope)
+        kept = {name: tied[name] for name, tie in ties.items() if tie}
+        squared = _write(source, target, folders, blocks, parameters, scoped, scope, kept)
         # The write pass aligned layers in the order the files hold them: report them by layer, as in memory.
         order = {spec.blocks[index].attention.name: index for index in deferred}
         report.layers[first:] = sorted(report.layers[first:], key=lambda record: order[record.name])
@@ -752,7 +794,10 @@ def align_directories(
             _copy_other_files(source.folder, folder)
         report.distance = {key: value**0.5 for key, value in squared.items()}
         written = SafetensorsCheckpoint(folders[None], [folders[None] / shard for shard in source.shards])
-        written_error = _written_error(written.renamed(saved_names), spec, report, blocks.references)
+        written = written.renamed(saved_names)
+        if loaded_ties(written, tied) != ties:  # from_pretrained would load another model than the one aligned
+            raise AlignmentError(f"{folders[None]} ties {sorted(tied)} otherwise than the source; this is a bug in lmc")
+        written_error = _written_error(written, spec, report, blocks.references)
         report.seconds = time.perf_counter() - started
         named = {"aligned": output / "aligned", **{f"merged_{a:g}": output / f"merged_{a:g}" for a in alphas}}
         document = alignment_document(
