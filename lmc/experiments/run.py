@@ -42,7 +42,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lmc.adapters import model_spec
-from lmc.checkpoints import load_weights, read_checkpoint
+from lmc.checkpoints import load_weights
 from lmc.connectivity import (
     Evaluation,
     ResultsOutput,
@@ -77,7 +77,7 @@ from lmc.experiments.table1 import (
 from lmc.io import atomic_write, atomic_write_json, folder_lock
 from lmc.matching import AlignOptions, align
 from lmc.training.cli import instantiate_data
-from lmc.training.module import LMCModule, load_trained
+from lmc.training.module import LMCModule, check_pretrained, load_trained
 
 log = logging.getLogger(__name__)
 
@@ -336,24 +336,12 @@ class Experiment:
         return results
 
     def _check_pretrained(self, path: Path) -> None:
-        """Refuse a pre-trained checkpoint of another model: the same shapes can hold another function
-        (a rotary layout, a positional encoding), which a fine-tuning would silently start from."""
+        """Refuse a missing pre-trained checkpoint, or one of another model (:func:`check_pretrained`),
+        before any training."""
         if not path.is_file():
             raise RunError(f"protocol.pretrained {path} does not exist: train it or drop the setting")
-        if path.suffix == ".safetensors":
-            return  # weights only: nothing to compare
-        hyperparameters = read_checkpoint(path).get("hyper_parameters")
-        if not isinstance(hyperparameters, dict) or "model" not in hyperparameters:
-            return
-        expected = {"model": self.config.model.model, "model_config": self.config.model.model_config}
-        found = {name: hyperparameters.get(name) for name in expected}
-        differing = [name for name in expected if _key(found[name]) != _key(expected[name])]
-        if differing:
-            details = "; ".join(f"{name} {found[name]!r} there, {expected[name]!r} here" for name in differing)
-            raise RunError(
-                f"protocol.pretrained {path} is another model than this experiment's ({details}): pre-train with "
-                "this experiment's model, or give its config"
-            )
+        model = self.config.model
+        check_pretrained(path, model.model, model.model_config, "protocol.pretrained")
 
     def _check_head_orders(self) -> None:
         """``protocol.head_orders`` scores every head order: refuse a layer with too many before any training."""

@@ -779,7 +779,8 @@ def test_a_pretrained_checkpoint_of_another_model_is_refused_before_fine_tuning(
     checkpoint["hyper_parameters"]["model_config"] = {"pe": "rope", "rope_layout": "interleaved"}
     torch.save(checkpoint, other)
     error = fails(["run", "--config", _config(tmp_path), f"--protocol.pretrained={other}"], capsys)
-    assert "is another model than this experiment's (model_config" in error and "interleaved" in error
+    assert f"protocol.pretrained {other} is another model than this one (model_config" in error
+    assert "interleaved" in error
     assert not (tmp_path / "run" / "seed0").exists()
     from lmc.experiments.protocol import experiment_cli
 
