@@ -257,17 +257,20 @@ def _tie_as_loaded(
 
 def _check_inputs(source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, model: nn.Module) -> torch.dtype:
     """Refuse a pair that cannot be aligned (as :func:`~lmc.matching.align` would); return the stored dtype."""
-    check_same_tensors(source.layout(), target.layout())
     parameters = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    stored = {name: source.entries[name].shape for name in parameters if name in source.entries}
-    missing = sorted(parameters.keys() - stored.keys())
-    wrong = [(n, shape, parameters[n]) for n, shape in stored.items() if shape != parameters[n]]
-    if missing or wrong:
-        raise CheckpointError(
-            f"{source.folder} does not fit its config.json's {type(model).__name__}: missing {missing[:3]}, "
-            f"shapes (stored, model) {wrong[:3]}; save the model with save_pretrained"
-        )
-    dtypes = {source.entries[name].dtype for name in stored}
+    for checkpoint in (source, target):  # each folder against its config first: a refusal naming the folder
+        stored = {name: checkpoint.entries[name].shape for name in parameters if name in checkpoint.entries}
+        missing = sorted(parameters.keys() - stored.keys())
+        wrong = [(n, shape, parameters[n]) for n, shape in stored.items() if shape != parameters[n]]
+        if missing or wrong:
+            details = [f"missing {missing[:3]}"] if missing else []
+            details += [f"shapes (stored, model) {wrong[:3]}"] if wrong else []
+            raise CheckpointError(
+                f"{checkpoint.folder} does not fit its config.json's {type(model).__name__}: {', '.join(details)}; "
+                "save the model with save_pretrained"
+            )
+    check_same_tensors(source.layout(), target.layout())
+    dtypes = {source.entries[name].dtype for name in parameters}
     if len(dtypes) != 1 or next(iter(dtypes)) not in SAFETENSORS_DTYPES:
         raise AlignmentError(
             f"{source.folder} stores its parameters as {sorted(dtypes)}; lmc aligns models stored in one "
