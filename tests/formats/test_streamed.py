@@ -536,6 +536,7 @@ def test_a_kill_midway_leaves_no_half_written_output(tmp_path):
         child.wait()
     assert not (tmp_path / "out").exists()  # only the hidden temporary folder, never a partial output
     report = align_directories(source_dir, target_dir, tmp_path / "out", "full_model")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # the rerun removed the killed one's
     aligned, expected = align(source, target, "full_model")
     assert report.distance == pytest.approx(expected.distance, rel=1e-12)
     written = load(source, tmp_path / "out" / "aligned", torch.float32).state_dict()
