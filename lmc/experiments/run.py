@@ -75,7 +75,10 @@ from lmc.experiments.table1 import (
     sweep_head_orders,
 )
 from lmc.io import atomic_write, atomic_write_json, folder_lock
-from lmc.matching import AlignOptions, align
+from lmc.matching import AlignmentError, AlignOptions, align
+from lmc.matching.checks import check_head_orders
+from lmc.matching.layers import imposed_order
+from lmc.symmetry import scope_blocks
 from lmc.training.cli import instantiate_data
 from lmc.training.module import LMCModule, check_pretrained, load_trained
 
@@ -343,11 +346,34 @@ class Experiment:
         model = self.config.model
         check_pretrained(path, model.model, model.model_config, "protocol.pretrained")
 
-    def _check_head_orders(self) -> None:
-        """``protocol.head_orders`` scores every head order: refuse a layer with too many before any training."""
-        if self.protocol.head_orders:
+    def _check_before_work(self) -> None:
+        """Refuse, before any training, every setting that would otherwise fail a later stage: the head
+        orders (``protocol.head_orders`` scores every order of the first layer; an alignment's
+        ``head_orders`` names aligned layers with orders that fit them) and each phase's ``samples``
+        (at most its half of the training split)."""
+        protocol = self.protocol
+        if protocol.head_orders or any(options.head_orders for options in protocol.alignment_options):
             module = LMCModule(self.config.model.model, self.config.model.model_config, self.data_info())
-            head_orders(model_spec(module.model).attention[0])
+            spec = model_spec(module.model)
+            if protocol.head_orders:
+                head_orders(spec.attention[0])
+            attention, _, _ = scope_blocks(spec, protocol.reinit)
+            for label, options in zip(alignment_labels(protocol.alignment_options), protocol.alignment_options):
+                try:
+                    check_head_orders(options.head_orders, attention, protocol.reinit)
+                    for index, order in (options.head_orders or {}).items():
+                        imposed_order(order, spec.blocks[index].attention)
+                except AlignmentError as error:
+                    raise RunError(f"protocol.alignments ({label}): {error}") from None
+        phases = {"finetune": self._stage_config(_seed_stage(0), {"data.init_args.part": "B"}, protocol.finetune)}
+        if protocol.pretrained is None:
+            phases["pretrain"] = self.pretrain_stage().config
+        for phase, config in phases.items():
+            if getattr(protocol, phase).samples is not None:
+                try:
+                    instantiate_data(config).setup("fit")  # refuses more samples than the half holds
+                except ValueError as error:
+                    raise RunError(f"protocol.{phase}.samples: {error}") from None
 
     def data_info(self):
         """What the experiment's data tells its model (``DataInfo``)."""
@@ -454,7 +480,7 @@ class Experiment:
         import torch
 
         cluster = cluster or self.cluster
-        self._check_head_orders()
+        self._check_before_work()
         self._check_fit_tasks(cluster)
         with folder_lock(self.root, "lmc run"):
             run_jobs(self.jobs(), cluster, self.root / "jobs", torch.get_num_threads())

@@ -799,6 +799,36 @@ def test_head_orders_of_a_wide_layer_are_refused_before_any_training(tmp_path, c
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("protocol", "expected"),
+    [
+        (  # the tiny ViT has 2 layers: an order for a third used to fail the first pair, after all the training
+            {"reinit": "all_attention", "alignments": [{"method": "full", "head_orders": {2: [0, 1, 2, 3]}}]},
+            "protocol.alignments (full-head_orders={2: [0, 1, 2, 3]}): head_orders names attention layer(s) [2], "
+            "but scope 'all_attention' aligns layers [0, 1]",
+        ),
+        (
+            {"alignments": [{"method": "full", "head_orders": {0: [1, 0]}}]},
+            "a head order needs 4 entries, got 2",
+        ),
+        (  # a half of digits' training split holds some 630 images
+            {"finetune": {"samples": 5000}},
+            "protocol.finetune.samples: train_samples=5000 is more than the ",
+        ),
+        ({"pretrain": {"samples": 5000}}, "protocol.pretrain.samples: train_samples=5000 is more than the "),
+    ],
+    ids=["head-order-of-a-missing-layer", "head-order-of-another-width", "finetune-samples", "pretrain-samples"],
+)
+def test_settings_that_would_fail_a_later_stage_are_refused_before_any_training(tmp_path, capsys, protocol, expected):
+    from tests.cli import fails
+
+    error = fails(["run", "--config", _config(tmp_path, **protocol)], capsys)
+    assert expected in error
+    if "samples" in expected:  # the phase's own half
+        assert f"of part '{'B' if 'finetune' in expected else 'A'}'" in error
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_fit_job_whose_processes_the_trainer_would_not_use_is_refused_before_any_job(tmp_path, capsys):
     """Two GPUs (or tasks_per_node 2) per job start two DDP processes: a trainer on one device would
     leave one waiting."""
