@@ -829,6 +829,39 @@ def test_settings_that_would_fail_a_later_stage_are_refused_before_any_training(
     assert not (tmp_path / "run").exists()
 
 
+#: What sbatch says where SLURM is installed but not configured (no slurm.conf, no DNS SRV record).
+UNCONFIGURED_SBATCH = """#!/bin/sh
+echo "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host" >&2
+echo "sbatch: error: fetch_config: DNS SRV lookup failed" >&2
+echo "sbatch: error: _establish_config_source: failed to fetch config" >&2
+echo "sbatch: fatal: Could not establish a configuration source" >&2
+exit 1
+"""
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["unconfigured", "not-installed"])
+def test_slurm_that_cannot_take_jobs_is_one_line_and_leaves_nothing_behind(tmp_path, monkeypatch, capsys, installed):
+    """It used to end in a 25-57 line traceback and leave the job's pickle in the jobs folder."""
+    from tests.cli import fails
+
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    if installed:
+        for command, script in (("sbatch", UNCONFIGURED_SBATCH), ("srun", "#!/bin/sh\nexit 1\n")):
+            (bin_folder / command).write_text(script)
+            (bin_folder / command).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_folder))  # nothing else: a SLURM of the machine would not be found
+    error = fails(["run", "--config", _config(tmp_path, {"executor": "slurm"})], capsys)
+    if installed:
+        expected = "sbatch failed: sbatch: fatal: Could not establish a configuration source"
+    else:
+        expected = "sbatch and srun not on PATH (SLURM is not installed here)"
+    assert error.startswith(f"lmc: error: cannot submit pretrain to SLURM: {expected}; ")
+    assert "--cluster.executor local" in error
+    left = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*"))
+    assert left == [".lmc.lock"]  # no pickle, no sbatch script, no jobs folder
+
+
 def test_a_fit_job_whose_processes_the_trainer_would_not_use_is_refused_before_any_job(tmp_path, capsys):
     """Two GPUs (or tasks_per_node 2) per job start two DDP processes: a trainer on one device would
     leave one waiting."""
