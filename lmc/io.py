@@ -7,6 +7,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator, Sequence
@@ -37,6 +38,58 @@ def check_output_folder(folder: str | Path) -> Path:
     return Path(folder)
 
 
+def _temporary_beside(path: Path, suffix: str = "tmp") -> Path:
+    """A hidden name beside ``path`` for a temporary of it: ``.<name>.<random>.<suffix>``."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.{suffix}")
+
+
+@contextlib.contextmanager
+def _writing(temporary: Path) -> Iterator[None]:
+    """Hold an ``flock`` on ``temporary`` (a file or a folder) while it is written: the kernel releases it when
+    the writer exits, killed or not, so :func:`remove_stale_temporaries` tells a live write from a dead one."""
+    handle = os.open(temporary, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Remove the temporaries of ``path`` that a killed writer left (:func:`atomic_write`,
+    :func:`atomic_output_folder`); returns them.
+
+    A kill (``SIGKILL``, the machine going down) runs no cleanup, and a temporary folder is as
+    large as the output: the next write of the same path removes it. A temporary whose writer
+    still runs (it holds its ``flock``) is left alone.
+    """
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{12}}\.(tmp|old)")
+    if not path.parent.is_dir():
+        return []
+    removed = []
+    for candidate in path.parent.iterdir():
+        if not pattern.fullmatch(candidate.name) or candidate.is_symlink():
+            continue
+        try:
+            handle = os.open(candidate, os.O_RDONLY)
+        except OSError:
+            continue  # gone already, or not ours to read
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its writer is running
+        finally:
+            os.close(handle)
+        if candidate.is_dir():
+            shutil.rmtree(candidate, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                candidate.unlink()
+        removed.append(candidate)
+    return removed
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(temporary_path)`` then move the file into place, so no reader sees half a file.
 
@@ -47,16 +100,18 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         WriteError: The file could not be written (naming ``path``, not the temporary file).
     """
     path = Path(path)
-    temporary, created = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"), False
+    temporary, created = _temporary_beside(path), False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path)
         # open(2) with mode 0o666 lets the kernel apply the umask: the mode any new file gets here.
         handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         created, mode = True, os.fstat(handle).st_mode & 0o777
         os.close(handle)
-        write(temporary)
-        os.chmod(temporary, mode)  # writers may set their own (safetensors writes 0o600)
-        os.replace(temporary, path)
+        with _writing(temporary):
+            write(temporary)
+            os.chmod(temporary, mode)  # writers may set their own (safetensors writes 0o600)
+            os.replace(temporary, path)
     except BaseException as error:
         if created:
             with contextlib.suppress(OSError):  # the writer may have removed it already
@@ -132,7 +187,8 @@ def atomic_output_folder(folder: str | Path, inputs: Sequence[str | Path] = ()) 
     A reader never sees a half-written ``folder``: the block writes into ``.<name>.<random>.tmp``,
     which is renamed into place only when the block succeeds (an existing ``folder`` is replaced;
     callers decide whether that is allowed). On an error the temporary folder is removed and
-    ``folder`` is left as it was.
+    ``folder`` is left as it was; one a kill left is removed by the next write of ``folder``
+    (:func:`remove_stale_temporaries`).
 
     Raises:
         ValueError: ``folder`` is an input, lies inside one or holds one.
@@ -142,23 +198,25 @@ def atomic_output_folder(folder: str | Path, inputs: Sequence[str | Path] = ()) 
     clash = overlapping_input(folder, inputs)
     if clash is not None:
         raise ValueError(f"the output {folder} would write over the input {clash}: choose another output folder")
-    temporary = folder.with_name(f".{folder.name}.{secrets.token_hex(6)}.tmp")
+    temporary = _temporary_beside(folder)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(folder)
         temporary.mkdir()
     except OSError as error:
         reason = unwritable_reason(folder.parent) or error.strerror or str(error)
         raise WriteError(f"cannot write {folder}: {reason}") from error
     try:
-        yield temporary
-        _give_new_file_modes(temporary)
-        if folder.exists():
-            retired = folder.with_name(f".{folder.name}.{secrets.token_hex(6)}.old")
-            folder.replace(retired)
-            temporary.replace(folder)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            temporary.replace(folder)
+        with _writing(temporary):
+            yield temporary
+            _give_new_file_modes(temporary)
+            if folder.exists():
+                retired = _temporary_beside(folder, "old")
+                folder.replace(retired)
+                temporary.replace(folder)
+                shutil.rmtree(retired, ignore_errors=True)
+            else:
+                temporary.replace(folder)
     except BaseException as error:
         shutil.rmtree(temporary, ignore_errors=True)
         if isinstance(error, OSError) and not isinstance(error, WriteError):

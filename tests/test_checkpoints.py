@@ -5,6 +5,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from lmc.checkpoints import CheckpointError, read_state_dict, save_weights
-from lmc.io import WriteError, atomic_write, atomic_write_text, check_output_folder
+from lmc.io import WriteError, atomic_output_folder, atomic_write, atomic_write_text, check_output_folder
 
 
 @pytest.fixture
@@ -55,6 +58,60 @@ def test_a_file_in_place_of_a_folder_is_named(tmp_path):
         check_output_folder(blocker / "run")
     assert check_output_folder(tmp_path / "new" / "folder") == tmp_path / "new" / "folder"
     assert not (tmp_path / "new").exists()  # checking creates nothing
+
+
+KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+from lmc.io import atomic_output_folder, atomic_write
+
+out = Path(sys.argv[1])
+with atomic_output_folder(out / "aligned") as temporary:
+    (temporary / "model.safetensors").write_bytes(bytes(4096))
+
+    def write_then_wait(path):
+        path.write_text("half")
+        print("midway", flush=True)
+        time.sleep(600)
+
+    atomic_write(out / "report.json", write_then_wait)
+"""
+
+
+def _writer_at_midway(out) -> subprocess.Popen:
+    """A process inside an atomic output folder and an atomic file write, waiting to be killed."""
+    root = Path(__file__).parents[1]
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(out)], stdout=subprocess.PIPE, text=True, cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert child.stdout.readline().strip() == "midway"
+    return child
+
+
+def test_the_temporaries_a_kill_leaves_are_removed_by_the_next_write_and_a_live_writers_are_not(tmp_path):
+    def temporaries() -> set[str]:
+        return {p.name for p in tmp_path.iterdir() if p.name.startswith(".")}
+
+    killed = _writer_at_midway(tmp_path)
+    killed.kill()  # SIGKILL: no cleanup runs
+    killed.wait()
+    left = temporaries()
+    assert len(left) == 2 and not (tmp_path / "aligned").exists()  # the folder's and the file's
+    running = _writer_at_midway(tmp_path)
+    try:
+        live = temporaries() - left
+        with atomic_output_folder(tmp_path / "aligned") as temporary:
+            (temporary / "model.safetensors").write_bytes(bytes(8))
+        atomic_write_text(tmp_path / "report.json", "{}")
+        assert temporaries() == live  # the killed writer's are gone, the running writer's kept
+    finally:
+        running.kill()
+        running.wait()
+    atomic_write_text(tmp_path / "report.json", "{}")
+    with atomic_output_folder(tmp_path / "aligned"):
+        pass
+    assert temporaries() == set() and sorted(p.name for p in tmp_path.iterdir()) == ["aligned", "report.json"]
 
 
 @pytest.fixture

@@ -66,8 +66,8 @@ BiasRule = bool | str
 class DecoderLayout:
     """Where a Llama-like decoder keeps its parameters, and what its family varies.
 
-    The adapter reads the number of layers, heads and KV heads (GQA), the head width and
-    ``tie_word_embeddings`` from the model's config, and refuses a model whose modules are not
+    The adapter reads the number of layers, heads and KV heads (GQA) and the head width from the
+    model's config, whether the LM head is tied from its parameters, and refuses a model whose modules are not
     exactly the declared classes or whose parameters do not match the declared biases.
 
     Attributes:
@@ -101,7 +101,7 @@ class DecoderLayout:
         gain_offset: The norms' gain is ``gain_offset + weight`` (Gemma's ``1 + w``), 0 otherwise.
         final_norm: Path of the norm after the last layer.
         embeddings: Path of the token embedding.
-        lm_head: Path of the output projection (tied to the embedding if the config says so).
+        lm_head: Path of the output projection (tied to the embedding where the model ties them).
         saved_names: ``(parameter, name)`` pairs of parameters ``save_pretrained`` stores under
             another name (GPT-NeoX's ``lm_head.weight`` is ``embed_out.weight`` in its files).
         rotary: Path of the module computing the RoPE cosines and sines, ``(1, T, rotary_dim)`` per
@@ -267,7 +267,8 @@ class DecoderAdapter(CausalLMAdapter):
                 "itself alone, so queries and keys do not affect the function and no Q/K group describes it"
             )
         expected.add(f"{layout.embeddings}.weight")
-        if not c.tie_word_embeddings:
+        # Tied as loaded, not as the config says: from_pretrained unties a head the files store apart.
+        if model.get_submodule(layout.lm_head).weight is not model.get_submodule(layout.embeddings).weight:
             expected.add(f"{layout.lm_head}.weight")
         if expected != set(index.shapes):
             missing, extra = sorted(expected - set(index.shapes)), sorted(set(index.shapes) - expected)

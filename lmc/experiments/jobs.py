@@ -13,9 +13,12 @@ changes a number: the ``local`` and ``slurm`` executors give the results of one 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -120,6 +123,10 @@ def ignore_srun_hint() -> None:
 
 class JobFailedError(RuntimeError):
     """A job ended without its result; the message names it and its log."""
+
+
+class SubmissionError(OSError):
+    """A job could not be submitted: the scheduler is not installed, not reachable or refused it."""
 
 
 class JobExit(Exception):
@@ -249,6 +256,42 @@ def _executor(cluster: Cluster, folder: Path, job: Job):
     return executor
 
 
+def _submit(cluster: Cluster, folder: Path, job: Job, body: _Body) -> Any:
+    """Submit ``body`` as ``job``; the submitit handle.
+
+    Raises:
+        SubmissionError: A SLURM submission failed (``sbatch`` missing, SLURM installed but not
+            configured or not reachable, a setting it refuses): one line with sbatch's own last line,
+            and nothing of the submission (its pickle, its sbatch script) left in ``folder``.
+    """
+    if cluster.executor != "slurm":
+        return _executor(cluster, folder, job).submit(body)
+    from submitit.core.utils import FailedJobError
+
+    fix = "check that this machine can submit jobs (sinfo; sbatch --test-only --wrap true), or run with "
+    fix += "--cluster.executor local"
+    missing = [command for command in ("sbatch", "srun") if shutil.which(command) is None]
+    if missing:
+        raise SubmissionError(
+            f"cannot submit {job.name} to SLURM: {' and '.join(missing)} not on PATH (SLURM is not installed here); "
+            f"{fix}"
+        )
+    existed = folder.is_dir()
+    before = set(folder.iterdir()) if existed else set()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's error lines as well
+            return _executor(cluster, folder, job).submit(body)
+    except (FailedJobError, OSError) as error:
+        for path in set(folder.iterdir()) - before if existed else [folder]:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        reason = lines[-1] if lines else type(error).__name__
+        raise SubmissionError(f"cannot submit {job.name} to SLURM: sbatch failed: {reason}; {fix}") from None
+
+
 def _slurm_states(ids: Iterable[str]) -> dict[str, str]:
     """The SLURM state of each job id squeue still knows (it needs no accounting storage, unlike sacct)."""
     ids = list(ids)
@@ -342,7 +385,7 @@ def run_jobs(
                 else:
                     ddp_on_this_machine = cluster.executor == "local" and _tasks(cluster, job) > 1
                     body = _Body(job.call, threads, parent, _free_port() if ddp_on_this_machine else None)
-                    handle = _executor(cluster, folder, job).submit(body)
+                    handle = _submit(cluster, folder, job, body)
                     print(f"{job.name}: submitted ({cluster.executor} job {handle.job_id})", flush=True)
                 running.append(_Running(job, handle))
                 if cluster.executor == "slurm":

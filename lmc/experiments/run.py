@@ -42,7 +42,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lmc.adapters import model_spec
-from lmc.checkpoints import load_weights, read_checkpoint
+from lmc.checkpoints import load_weights
 from lmc.connectivity import (
     Evaluation,
     ResultsOutput,
@@ -75,9 +75,12 @@ from lmc.experiments.table1 import (
     sweep_head_orders,
 )
 from lmc.io import atomic_write, atomic_write_json, folder_lock
-from lmc.matching import AlignOptions, align
+from lmc.matching import AlignmentError, AlignOptions, align
+from lmc.matching.checks import check_head_orders
+from lmc.matching.layers import imposed_order
+from lmc.symmetry import scope_blocks
 from lmc.training.cli import instantiate_data
-from lmc.training.module import LMCModule, load_trained
+from lmc.training.module import LMCModule, check_pretrained, load_trained
 
 log = logging.getLogger(__name__)
 
@@ -336,30 +339,41 @@ class Experiment:
         return results
 
     def _check_pretrained(self, path: Path) -> None:
-        """Refuse a pre-trained checkpoint of another model: the same shapes can hold another function
-        (a rotary layout, a positional encoding), which a fine-tuning would silently start from."""
+        """Refuse a missing pre-trained checkpoint, or one of another model (:func:`check_pretrained`),
+        before any training."""
         if not path.is_file():
             raise RunError(f"protocol.pretrained {path} does not exist: train it or drop the setting")
-        if path.suffix == ".safetensors":
-            return  # weights only: nothing to compare
-        hyperparameters = read_checkpoint(path).get("hyper_parameters")
-        if not isinstance(hyperparameters, dict) or "model" not in hyperparameters:
-            return
-        expected = {"model": self.config.model.model, "model_config": self.config.model.model_config}
-        found = {name: hyperparameters.get(name) for name in expected}
-        differing = [name for name in expected if _key(found[name]) != _key(expected[name])]
-        if differing:
-            details = "; ".join(f"{name} {found[name]!r} there, {expected[name]!r} here" for name in differing)
-            raise RunError(
-                f"protocol.pretrained {path} is another model than this experiment's ({details}): pre-train with "
-                "this experiment's model, or give its config"
-            )
+        model = self.config.model
+        check_pretrained(path, model.model, model.model_config, "protocol.pretrained")
 
-    def _check_head_orders(self) -> None:
-        """``protocol.head_orders`` scores every head order: refuse a layer with too many before any training."""
-        if self.protocol.head_orders:
+    def _check_before_work(self) -> None:
+        """Refuse, before any training, every setting that would otherwise fail a later stage: the head
+        orders (``protocol.head_orders`` scores every order of the first layer; an alignment's
+        ``head_orders`` names aligned layers with orders that fit them) and each phase's ``samples``
+        (at most its half of the training split)."""
+        protocol = self.protocol
+        if protocol.head_orders or any(options.head_orders for options in protocol.alignment_options):
             module = LMCModule(self.config.model.model, self.config.model.model_config, self.data_info())
-            head_orders(model_spec(module.model).attention[0])
+            spec = model_spec(module.model)
+            if protocol.head_orders:
+                head_orders(spec.attention[0])
+            attention, _, _ = scope_blocks(spec, protocol.reinit)
+            for label, options in zip(alignment_labels(protocol.alignment_options), protocol.alignment_options):
+                try:
+                    check_head_orders(options.head_orders, attention, protocol.reinit)
+                    for index, order in (options.head_orders or {}).items():
+                        imposed_order(order, spec.blocks[index].attention)
+                except AlignmentError as error:
+                    raise RunError(f"protocol.alignments ({label}): {error}") from None
+        phases = {"finetune": self._stage_config(_seed_stage(0), {"data.init_args.part": "B"}, protocol.finetune)}
+        if protocol.pretrained is None:
+            phases["pretrain"] = self.pretrain_stage().config
+        for phase, config in phases.items():
+            if getattr(protocol, phase).samples is not None:
+                try:
+                    instantiate_data(config).setup("fit")  # refuses more samples than the half holds
+                except ValueError as error:
+                    raise RunError(f"protocol.{phase}.samples: {error}") from None
 
     def data_info(self):
         """What the experiment's data tells its model (``DataInfo``)."""
@@ -466,7 +480,7 @@ class Experiment:
         import torch
 
         cluster = cluster or self.cluster
-        self._check_head_orders()
+        self._check_before_work()
         self._check_fit_tasks(cluster)
         with folder_lock(self.root, "lmc run"):
             run_jobs(self.jobs(), cluster, self.root / "jobs", torch.get_num_threads())

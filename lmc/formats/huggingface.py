@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,11 +113,41 @@ def weight_files(folder: str | Path) -> list[Path]:
         missing = [str(p.name) for p in shards if not p.is_file()]
         if missing:
             raise CheckpointError(f"{folder} misses shard(s) {missing[:3]} named by its index: copy them all")
+        _check_every_shard_listed(folder, [shard.name for shard in shards])
         return shards
     for name in WEIGHT_FILES:
         if (folder / name).is_file():
             return [folder / name]
     raise CheckpointError(f"{folder} has no weights ({' or '.join(WEIGHT_FILES + INDEX_FILES)})")
+
+
+#: A shard's name as ``save_pretrained`` writes it: ``model-00002-of-00005.safetensors``.
+SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<number>\d+)-of-(?P<total>\d+)(?P<suffix>\.[a-z]+)")
+
+
+def _check_every_shard_listed(folder: Path, listed: list[str]) -> None:
+    """Refuse an index that leaves out shards of its own series (``-0000i-of-0000n``): their tensors would not be
+    read, and a model missing them is initialized at random or fits no config.
+
+    Raises:
+        CheckpointError: Naming the index, the shards it leaves out and the fix.
+    """
+    series = {(m["stem"], m["total"], m["suffix"]): m for m in map(SHARD_NAME.fullmatch, listed) if m is not None}
+    expected = {
+        f"{stem}-{number:0{len(match['number'])}d}-of-{total}{suffix}"
+        for (stem, total, suffix), match in series.items()
+        for number in range(1, int(total) + 1)
+    }
+    left_out = sorted(expected - set(listed))
+    if left_out:
+        index = next(folder / name for name in INDEX_FILES if (folder / name).is_file())
+        present = [name for name in left_out if (folder / name).is_file()]
+        state = f"which {folder} holds" if present == left_out else f"of which {folder} holds {present or 'none'}"
+        raise CheckpointError(
+            f"{index} names no tensor of shard(s) {left_out[:3]}, {state}: the index is incomplete, so their "
+            f"tensors would not be read; write the folder again with save_pretrained (or copy its index "
+            f"from where the shards came from)"
+        )
 
 
 def largest_shard_bytes(folder: str | Path) -> int | None:
@@ -193,7 +224,16 @@ def load_model(folder: str | Path, config: dict[str, Any] | None = None) -> nn.M
     """
     cls = model_class(read_config(folder) if config is None else config, folder)
     with _quiet():
-        return cls.from_pretrained(str(folder), local_files_only=True, dtype=stored_dtype(folder)).eval()
+        model, loading = cls.from_pretrained(
+            str(folder), local_files_only=True, dtype=stored_dtype(folder), output_loading_info=True
+        )
+    if loading["missing_keys"]:  # from_pretrained initializes them at random, with a warning only
+        missing = sorted(loading["missing_keys"])
+        raise CheckpointError(
+            f"{folder} does not fit its {CONFIG_FILE}'s {cls.__name__}: its weights lack {missing[:3]}"
+            f"{' ...' if len(missing) > 3 else ''}; save the model with save_pretrained"
+        )
+    return model.eval()
 
 
 def save_model(model: nn.Module, folder: str | Path, like: str | Path) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from lmc.checkpoints import CheckpointError
 
@@ -164,6 +165,14 @@ class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
                 raise CheckpointError(f"cannot read {name} from {path}: truncated or corrupted (the file ends early)")
         return tensor
 
+    def same_values(self, name: str, other: str) -> bool:
+        """Whether tensors ``name`` and ``other`` are stored alike: dtype, shape and every value (``torch.equal``,
+        as ``from_pretrained`` compares a tied pair stored twice), read a chunk of rows at a time."""
+        first, second = self.entries[name], self.entries[other]
+        if (first.dtype, first.shape) != (second.dtype, second.shape):
+            return False
+        return all(torch.equal(self.rows(name, *rows), self.rows(other, *rows)) for rows in self.chunks(name))
+
     def chunks(self, name: str) -> Iterator[tuple[int, int]]:
         """Row ranges of ``name`` of at most :data:`CHUNK_BYTES` each (one range for a scalar)."""
         entry = self.entries[name]
@@ -174,6 +183,31 @@ class SafetensorsCheckpoint(Mapping[str, torch.Tensor]):
         step = max(1, CHUNK_BYTES // row_bytes)
         for start in range(0, entry.shape[0], step):
             yield start, min(start + step, entry.shape[0])
+
+
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """Each other name of a tied parameter (an LM head tied to the embedding), mapped to the name
+    ``model.named_parameters()`` gives it."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(parameter), name) != name:
+            aliases[name] = first[id(parameter)]
+    return aliases
+
+
+def loaded_ties(weights: SafetensorsCheckpoint, tied: Mapping[str, str]) -> dict[str, bool]:
+    """Whether the model's loader ties each name of ``tied`` that ``weights`` stores to its parameter.
+
+    ``from_pretrained`` ties a pair its config ties only where the files store one of them, or both
+    with equal values; stored with other values, it loads them untied (and warns), so the model
+    computes with the stored head, not the embedding.
+
+    Args:
+        weights: The checkpoint's tensors, by parameter name.
+        tied: :func:`tied_names` of the model its config builds.
+    """
+    return {alias: weights.same_values(alias, name) for alias, name in tied.items() if alias in weights.entries}
 
 
 def write_tensor(handle, tensor: torch.Tensor) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 from lmc.checkpoints import CheckpointError
 from lmc.formats import huggingface, timm_files
 from lmc.formats.external import FORMAT_NAMES, Checkpoint, detect
-from lmc.formats.safetensors import SafetensorsCheckpoint
+from lmc.formats.safetensors import SafetensorsCheckpoint, loaded_ties, tied_names
 
 
 def weight_files(checkpoint: Checkpoint) -> list[Path] | None:
@@ -96,6 +96,38 @@ def skeleton(checkpoint: Checkpoint | str | Path, weights: Mapping[str, torch.Te
             owner, _, leaf = name.rpartition(".")
             model.get_submodule(owner)._parameters[leaf] = nn.Parameter(weights[name], requires_grad=False)
     return model
+
+
+def tie_as_loaded(
+    models: tuple[nn.Module, nn.Module], checkpoints: tuple[SafetensorsCheckpoint, SafetensorsCheckpoint]
+) -> tuple[dict[str, str], dict[str, bool]]:
+    """Tie the skeletons' parameters as the model's loader ties them (:func:`~lmc.formats.safetensors.loaded_ties`):
+    a tied name the files store with other values than its parameter's is given a parameter of its own.
+
+    Returns:
+        The models' :func:`~lmc.formats.safetensors.tied_names` as built, and whether the loader ties
+        each one the files store (the aligned folder is read back the same way).
+
+    Raises:
+        CheckpointError: One folder stores such a tensor tied and the other untied: two functions of different form.
+    """
+    tied = tied_names(models[0])
+    ties = [loaded_ties(checkpoint, tied) for checkpoint in checkpoints]
+    if ties[0] != ties[1]:
+        name = next(n for n in ties[0].keys() | ties[1].keys() if ties[0].get(n) != ties[1].get(n))
+        described = [{True: "equal to", False: "apart from", None: "without"}[t.get(name)] for t in ties]
+        raise CheckpointError(
+            f"{checkpoints[0].folder} stores {name} {described[0]} {tied[name]} and {checkpoints[1].folder} "
+            f"{described[1]} it, so from_pretrained loads one model tied and the other untied: give two "
+            f"checkpoints saved alike (save both with save_pretrained)"
+        )
+    for model in models:
+        for name in (name for name, kept in ties[0].items() if not kept):
+            owner, _, leaf = name.rpartition(".")
+            shared = model.get_submodule(owner)._parameters[leaf]
+            untied = nn.Parameter(torch.empty_like(shared, device="meta"), requires_grad=shared.requires_grad)
+            model.get_submodule(owner)._parameters[leaf] = untied
+    return tied, ties[0]
 
 
 def copy_other_files(source: Path, folder: Path) -> None:

@@ -119,7 +119,8 @@ class Equivalence:
         output_residual: ``||f_a(x) - f_b(x)|| / ||f_b(x)||`` on the probe input. The aligned model
             computes ``a``'s function (``align`` checks it), so this is the function question alone.
         tolerance: The tolerances applied and where they come from.
-        transform: The group element found, mapping ``a``'s weights to the aligned ones.
+        transform: The group element judged, mapping ``a``'s weights to the aligned ones: the one
+            :func:`~lmc.matching.align` found, or the identity where that is no nearer ``b``.
         report: :func:`~lmc.matching.align`'s report.
         beyond_bound: Per parameter, its entries beyond their bound after alignment (bitwise
             entries that differ, computed entries beyond ``rtol``); all ``0`` for a twin.
@@ -285,7 +286,9 @@ def equivalent(
 ) -> Equivalence:
     """Whether ``a`` and ``b`` compute the same function up to the symmetry group of ``scope``.
 
-    ``a`` is aligned to ``b`` with :func:`~lmc.matching.align` (``options``). They are equivalent
+    ``a`` is aligned to ``b`` with :func:`~lmc.matching.align` (``options``); where the element found
+    is no nearer ``b`` than the identity (two equal models: the solves round), the identity is
+    judged instead, so that equal models are equivalent at any tolerance. They are equivalent
     when every entry of every parameter then equals ``b``'s bitwise, except the entries the
     continuous elements compute, which may differ by ``rtol (|b_i| + (1 + n u_c / u) s)`` (the
     module docstring); when every buffer is bitwise equal; when every setting agrees
@@ -317,7 +320,13 @@ def equivalent(
         raise ValueError(f"rtol must be None (the dtype's default) or a finite number >= 0, got {rtol!r}")
     spec = check_pair(a, b, "full_model")  # the scope's frozen parameters are compared below, not refused
     free = set(scope_parameters(a, scope, spec))
-    aligned, report = align(_with_frozen_from(a, b, free), b, scope=scope, options=options)
+    grafted = _with_frozen_from(a, b, free)
+    aligned, report = align(grafted, b, scope=scope, options=options)
+    transform = report.transform
+    if report.distance["aligned"] >= report.distance["naive"]:
+        # The search came no nearer b than the identity, which is in every group: judge the identity, so that
+        # equal weights stay bitwise equal (the solves would round them) and are equivalent at any tolerance.
+        aligned, transform = grafted, ModelTransform()
     dtype = next(a.parameters()).dtype
     default = f"{dtype_name(dtype)} default"
     weight = EQUIVALENCE_RTOL[dtype] if rtol is None else float(rtol)
@@ -332,7 +341,7 @@ def equivalent(
     moved, original = dict(aligned.named_parameters()), dict(a.named_parameters())
     targets = {n: p.detach() for n, p in b.named_parameters()}
     values = {n: (moved[n] if n in free else original[n]).detach() for n in targets}
-    beyond, ratios = _entry_checks(values, targets, spec, report.transform, dtype, tolerance.roundings)
+    beyond, ratios = _entry_checks(values, targets, spec, transform, dtype, tolerance.roundings)
     squared = {  # parameter -> (squared difference, squared norm of b's)
         n: (float((values[n].double() - t.double()).pow(2).sum()), float(t.double().pow(2).sum()))
         for n, t in targets.items()
@@ -351,7 +360,7 @@ def equivalent(
         parameter_residual=parameter_residual,
         output_residual=output_residual,
         tolerance=tolerance,
-        transform=report.transform,
+        transform=transform,
         report=report,
         beyond_bound=beyond,
         rounding_ratio=ratios,

@@ -16,8 +16,8 @@ from torch import nn
 from lmc.adapters import adapter_for, model_spec, scope_parameters
 from lmc.checkpoints import CheckpointError
 from lmc.formats.external import Checkpoint, ExternalModel, alignment_document, require_same_architecture
-from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, write_tensor
-from lmc.formats.streamed import copy_other_files, open_folder, skeleton
+from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, loaded_ties, write_tensor
+from lmc.formats.streamed import copy_other_files, open_folder, skeleton, tie_as_loaded
 from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
 from lmc.matching.aligner import weight_alignment
@@ -52,17 +52,20 @@ STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_b
 
 def _check_inputs(source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, model: nn.Module) -> torch.dtype:
     """Refuse a pair that cannot be aligned (as :func:`~lmc.matching.align` would); return the stored dtype."""
-    check_same_tensors(source.layout(), target.layout())
     parameters = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    stored = {name: source.entries[name].shape for name in parameters if name in source.entries}
-    missing = sorted(parameters.keys() - stored.keys())
-    wrong = [(n, shape, parameters[n]) for n, shape in stored.items() if shape != parameters[n]]
-    if missing or wrong:
-        raise CheckpointError(
-            f"{source.folder} does not fit its config.json's {type(model).__name__}: missing {missing[:3]}, "
-            f"shapes (stored, model) {wrong[:3]}; save the model with save_pretrained"
-        )
-    dtypes = {source.entries[name].dtype for name in stored}
+    for checkpoint in (source, target):  # each folder against its config first: a refusal naming the folder
+        stored = {name: checkpoint.entries[name].shape for name in parameters if name in checkpoint.entries}
+        missing = sorted(parameters.keys() - stored.keys())
+        wrong = [(n, shape, parameters[n]) for n, shape in stored.items() if shape != parameters[n]]
+        if missing or wrong:
+            details = [f"missing {missing[:3]}"] if missing else []
+            details += [f"shapes (stored, model) {wrong[:3]}"] if wrong else []
+            raise CheckpointError(
+                f"{checkpoint.folder} does not fit its config.json's {type(model).__name__}: {', '.join(details)}; "
+                "save the model with save_pretrained"
+            )
+    check_same_tensors(source.layout(), target.layout())
+    dtypes = {source.entries[name].dtype for name in parameters}
     if len(dtypes) != 1 or next(iter(dtypes)) not in SAFETENSORS_DTYPES:
         raise AlignmentError(
             f"{source.folder} stores its parameters as {sorted(dtypes)}; lmc aligns models stored in one "
@@ -184,12 +187,14 @@ def _write(
     parameters: set[str],
     scoped: set[str],
     scope: Scope,
+    tied: Mapping[str, str],
 ) -> dict[str, float]:
     """Write the aligned model (key ``None``) and each merge (key alpha) shard by shard.
 
     Every tensor is read once from each model, and every piece checked as it is copied: finite,
-    and outside the scope equal in both. Returns the squared distances to the target over the
-    scope, ``naive`` and ``aligned``.
+    and outside the scope equal in both; a tied parameter's other name that the files store
+    (``tied``) is written as its parameter is, so the loader ties it again. Returns the squared
+    distances to the target over the scope, ``naive`` and ``aligned``.
     """
     squared = {"naive": 0.0, "aligned": 0.0}
     for folder in folders.values():
@@ -202,7 +207,7 @@ def _write(
             for name in source.names(shard):
                 is_float = source.entries[name].is_float
                 unchanged = name in parameters and name not in scoped
-                for source_piece, aligned, target_piece in _pieces(source, target, blocks, name):
+                for source_piece, aligned, target_piece in _pieces(source, target, blocks, tied.get(name, name)):
                     if unchanged:  # equal to the source's piece, so finite too
                         check_unchanged(scope, name, source_piece, target_piece)
                     elif is_float:
@@ -319,6 +324,7 @@ def align_directories(
     )
     saved_names = adapter_for(model).saved_names(model)  # GPT-NeoX's lm_head is embed_out in its files
     source, target = source.renamed(saved_names), target.renamed(saved_names)
+    tied, ties = tie_as_loaded((model, target_model), (source, target))
     dtype = _check_inputs(source, target, model)
     spec = model_spec(model)
     check_same_attention(spec, model_spec(target_model))
@@ -341,7 +347,8 @@ def align_directories(
     with atomic_output_folder(output, inputs=[source.folder, target.folder]) as temporary:
         folders = {None: temporary / "aligned", **{a: temporary / f"merged_{a:g}" for a in alphas}}
         first = len(report.layers)
-        squared = _write(source, target, folders, blocks, parameters, scoped, scope)
+        kept = {name: tied[name] for name, tie in ties.items() if tie}
+        squared = _write(source, target, folders, blocks, parameters, scoped, scope, kept)
         # The write pass aligned layers in the order the files hold them: report them by layer, as in memory.
         order = {spec.blocks[index].attention.name: index for index in deferred}
         report.layers[first:] = sorted(report.layers[first:], key=lambda record: order[record.name])
@@ -349,7 +356,10 @@ def align_directories(
             copy_other_files(source.folder, folder)
         report.distance = {key: value**0.5 for key, value in squared.items()}
         written = SafetensorsCheckpoint(folders[None], [folders[None] / shard for shard in source.shards])
-        written_error = _written_error(written.renamed(saved_names), spec, report, blocks.references)
+        written = written.renamed(saved_names)
+        if loaded_ties(written, tied) != ties:  # from_pretrained would load another model than the one aligned
+            raise AlignmentError(f"{folders[None]} ties {sorted(tied)} otherwise than the source; this is a bug in lmc")
+        written_error = _written_error(written, spec, report, blocks.references)
         report.seconds = time.perf_counter() - started
         named = {"aligned": output / "aligned", **{f"merged_{a:g}": output / f"merged_{a:g}" for a in alphas}}
         document = alignment_document(

@@ -75,6 +75,7 @@ class LMCModule(L.LightningModule):
             self.save_hyperparameters({**self.hparams, "data": dataclasses.asdict(data)})
         self.model = self.build_model()
         if pretrained is not None:
+            check_pretrained(pretrained, model, model_config)
             load_weights(self.model, pretrained)
         # Sample- (or token-) weighted means, one per stage and metric, created on first use: their
         # states are sums, so epoch values are exact across batches and DDP ranks.
@@ -283,6 +284,41 @@ def load_trained(path: str | Path) -> tuple[LMCModule, dict[str, Any]]:
     module = LMCModule(hyperparameters["model"], hyperparameters.get("model_config"), data and DataInfo(**data))
     load_weights(module.model, path)
     return module, hyperparameters
+
+
+def check_pretrained(
+    path: str | Path, model: str, model_config: Mapping[str, Any] | None, setting: str = "model.pretrained"
+) -> None:
+    """Refuse a pre-trained checkpoint of another model than ``model`` built with ``model_config``.
+
+    The same shapes can hold another function (a rotary layout, a positional encoding), which a
+    fine-tuning would silently start from; every way of loading pre-trained weights checks this
+    first (``lmc fit --model.pretrained``, ``lmc run --protocol.pretrained``, each fine-tuning).
+    A checkpoint without lmc's settings (a safetensors file, a bare state dict) has none to compare.
+
+    Args:
+        path: The pre-trained checkpoint.
+        model: The registered model name the weights are loaded into.
+        model_config: Its config overrides (``None`` as ``{}``).
+        setting: The setting that named ``path``, for the message.
+
+    Raises:
+        CheckpointError: The checkpoint's model or config differs (naming both), or it cannot be read.
+    """
+    if Path(path).suffix == ".safetensors":
+        return
+    hyperparameters = read_checkpoint(path).get("hyper_parameters")
+    if not isinstance(hyperparameters, dict) or "model" not in hyperparameters:
+        return
+    expected = {"model": model, "model_config": dict(model_config or {})}
+    found = {"model": hyperparameters["model"], "model_config": dict(hyperparameters.get("model_config") or {})}
+    differing = [name for name in expected if found[name] != expected[name]]
+    if differing:
+        details = "; ".join(f"{name} {found[name]!r} there, {expected[name]!r} here" for name in differing)
+        raise CheckpointError(
+            f"{setting} {path} is another model than this one ({details}): start from a checkpoint of this "
+            "model, or build this model with the checkpoint's config"
+        )
 
 
 def require_same_model(hyperparameters: dict[str | Path, dict[str, Any]]) -> None:

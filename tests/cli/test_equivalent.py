@@ -91,6 +91,12 @@ def test_independent_and_narrower_scope_pairs_exit_1(checkpoints, tmp_path, caps
     assert json.loads(report.read_text())["tolerance"]["weight_origin"] == "given"
 
 
+def test_a_checkpoint_is_equivalent_to_itself_at_rtol_0(checkpoints, capsys):
+    a = str(checkpoints["a"])
+    assert _exit_status(["equivalent", a, a, "--rtol", "0"]) == 0
+    assert "are equivalent under the full_model group" in capsys.readouterr().out
+
+
 def test_bad_input_exits_2_before_writing(checkpoints, tmp_path, capsys):
     a, b = str(checkpoints["a"]), str(checkpoints["b"])
     assert "rtol must be None" in fails(["equivalent", a, b, "--rtol", "-1"], capsys)

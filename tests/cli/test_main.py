@@ -249,6 +249,25 @@ def test_a_run_without_an_end_is_one_line(tmp_path, monkeypatch, capsys):
     assert "has no end with trainer.max_epochs -1 and trainer.max_steps -1" in error
 
 
+def test_fit_refuses_a_pretrained_checkpoint_of_another_rotary_layout(tmp_path, monkeypatch, capsys):
+    """Same shapes, interleaved pairs where the model rotates halves: lmc fit used to train from it silently."""
+    from lmc.data import Digits
+    from lmc.training import LMCModule
+    from lmc.training.module import save_trained
+
+    monkeypatch.chdir(tmp_path)
+    config = {"pe": "rope", "rope_layout": "interleaved", "width": 64}
+    other = LMCModule("reference-vit", config, Digits().info)
+    checkpoint = save_trained(other.model.state_dict(), dict(other.hparams), tmp_path / "interleaved.ckpt")
+    argv = ["fit", "--config", str(CONFIGS / "experiment" / "digits_vit_rope.yaml")]
+    error = fails(
+        [*argv, "--config", str(CONFIGS / "debug" / "fast.yaml"), "--model.pretrained", str(checkpoint)], capsys
+    )
+    assert f"model.pretrained {checkpoint} is another model than this one (model_config" in error
+    assert "'interleaved'" in error and "'half'" in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["interleaved.ckpt"]  # nothing trained
+
+
 def test_a_bad_value_inside_an_optional_list_is_one_line_with_its_reason(tmp_path, monkeypatch, capsys):
     """jsonargparse lists every Union subtype it tried; the reason used to come after 'Expected a NoneType'."""
     monkeypatch.chdir(tmp_path)

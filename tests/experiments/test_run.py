@@ -779,7 +779,8 @@ def test_a_pretrained_checkpoint_of_another_model_is_refused_before_fine_tuning(
     checkpoint["hyper_parameters"]["model_config"] = {"pe": "rope", "rope_layout": "interleaved"}
     torch.save(checkpoint, other)
     error = fails(["run", "--config", _config(tmp_path), f"--protocol.pretrained={other}"], capsys)
-    assert "is another model than this experiment's (model_config" in error and "interleaved" in error
+    assert f"protocol.pretrained {other} is another model than this one (model_config" in error
+    assert "interleaved" in error
     assert not (tmp_path / "run" / "seed0").exists()
     from lmc.experiments.protocol import experiment_cli
 
@@ -796,6 +797,69 @@ def test_head_orders_of_a_wide_layer_are_refused_before_any_training(tmp_path, c
     path.write_text(yaml.safe_dump(config))
     assert "use at most 6 heads" in fails(["run", "--config", str(path)], capsys)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("protocol", "expected"),
+    [
+        (  # the tiny ViT has 2 layers: an order for a third used to fail the first pair, after all the training
+            {"reinit": "all_attention", "alignments": [{"method": "full", "head_orders": {2: [0, 1, 2, 3]}}]},
+            "protocol.alignments (full-head_orders={2: [0, 1, 2, 3]}): head_orders names attention layer(s) [2], "
+            "but scope 'all_attention' aligns layers [0, 1]",
+        ),
+        (
+            {"alignments": [{"method": "full", "head_orders": {0: [1, 0]}}]},
+            "a head order needs 4 entries, got 2",
+        ),
+        (  # a half of digits' training split holds some 630 images
+            {"finetune": {"samples": 5000}},
+            "protocol.finetune.samples: train_samples=5000 is more than the ",
+        ),
+        ({"pretrain": {"samples": 5000}}, "protocol.pretrain.samples: train_samples=5000 is more than the "),
+    ],
+    ids=["head-order-of-a-missing-layer", "head-order-of-another-width", "finetune-samples", "pretrain-samples"],
+)
+def test_settings_that_would_fail_a_later_stage_are_refused_before_any_training(tmp_path, capsys, protocol, expected):
+    from tests.cli import fails
+
+    error = fails(["run", "--config", _config(tmp_path, **protocol)], capsys)
+    assert expected in error
+    if "samples" in expected:  # the phase's own half
+        assert f"of part '{'B' if 'finetune' in expected else 'A'}'" in error
+    assert not (tmp_path / "run").exists()
+
+
+#: What sbatch says where SLURM is installed but not configured (no slurm.conf, no DNS SRV record).
+UNCONFIGURED_SBATCH = """#!/bin/sh
+echo "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host" >&2
+echo "sbatch: error: fetch_config: DNS SRV lookup failed" >&2
+echo "sbatch: error: _establish_config_source: failed to fetch config" >&2
+echo "sbatch: fatal: Could not establish a configuration source" >&2
+exit 1
+"""
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["unconfigured", "not-installed"])
+def test_slurm_that_cannot_take_jobs_is_one_line_and_leaves_nothing_behind(tmp_path, monkeypatch, capsys, installed):
+    """It used to end in a 25-57 line traceback and leave the job's pickle in the jobs folder."""
+    from tests.cli import fails
+
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    if installed:
+        for command, script in (("sbatch", UNCONFIGURED_SBATCH), ("srun", "#!/bin/sh\nexit 1\n")):
+            (bin_folder / command).write_text(script)
+            (bin_folder / command).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_folder))  # nothing else: a SLURM of the machine would not be found
+    error = fails(["run", "--config", _config(tmp_path, {"executor": "slurm"})], capsys)
+    if installed:
+        expected = "sbatch failed: sbatch: fatal: Could not establish a configuration source"
+    else:
+        expected = "sbatch and srun not on PATH (SLURM is not installed here)"
+    assert error.startswith(f"lmc: error: cannot submit pretrain to SLURM: {expected}; ")
+    assert "--cluster.executor local" in error
+    left = sorted(str(p.relative_to(tmp_path / "run")) for p in (tmp_path / "run").rglob("*"))
+    assert left == [".lmc.lock"]  # no pickle, no sbatch script, no jobs folder
 
 
 def test_a_fit_job_whose_processes_the_trainer_would_not_use_is_refused_before_any_job(tmp_path, capsys):

@@ -228,6 +228,44 @@ def test_unsupported_architectures_and_mismatched_pairs_are_refused(tmp_path, ca
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", ["align", "align-first-attention", "equivalent"])
+def test_a_folder_missing_weights_is_named_with_the_fix(command, tmp_path, capsys):
+    """A shard its index leaves out, or a tensor its files lack: named by folder, never 'different architectures'
+    (streamed) nor initialized at random by from_pretrained (in memory)."""
+    from safetensors.torch import load_file, save_file
+
+    source_dir = save_hf(model("llama-tiny", {}, seed=0), tmp_path / "s", tokenizer=False, max_shard_size="20KB")
+    target_dir = save_hf(model("llama-tiny", {}, seed=1), tmp_path / "t", tokenizer=False)
+    argv = {
+        "align": ["align", str(source_dir), str(target_dir), "--output", str(tmp_path / "out")],
+        "align-first-attention": ["align", str(source_dir), str(target_dir), "--output", str(tmp_path / "out"),
+                                  "--scope", "first_attention"],
+        "equivalent": ["equivalent", str(source_dir), str(target_dir)],
+    }[command]  # fmt: skip
+    index_path = source_dir / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    left_out = sorted(set(index["weight_map"].values()))[1]
+    shortened = {**index, "weight_map": {k: v for k, v in index["weight_map"].items() if v != left_out}}
+    index_path.write_text(json.dumps(shortened))
+    error = fails(argv, capsys)
+    assert f"{index_path} names no tensor of shard(s) ['{left_out}'], which {source_dir} holds" in error
+    assert "write the folder again with save_pretrained" in error
+
+    index_path.write_text(json.dumps(index))
+    shard = source_dir / left_out
+    state = load_file(shard)
+    lost = sorted(state)[0]
+    del state[lost]
+    save_file(state, shard, metadata={"format": "pt"})
+    index_path.write_text(
+        json.dumps({**index, "weight_map": {k: v for k, v in index["weight_map"].items() if k != lost}})
+    )
+    error = fails(argv, capsys)
+    assert f"{source_dir} does not fit its config.json's LlamaForCausalLM" in error and lost in error
+    assert "save the model with save_pretrained" in error
+    assert not (tmp_path / "out").exists()
+
+
 def test_outputs_never_go_over_inputs_and_are_never_half_written(tmp_path, capsys, monkeypatch):
     source = save_hf(model("gpt2-tiny", {}, seed=0), tmp_path / "source", tokenizer=False)
     target = save_hf(model("gpt2-tiny", {}, seed=1), tmp_path / "target", tokenizer=False)

@@ -206,6 +206,20 @@ def test_true_twins_are_equivalent_in_every_dtype_within_the_measured_ratio(key,
     assert set(result.rounding_ratio) == {slot.parameter for layer in layers for slot in layer.slots} - gains
 
 
+@pytest.mark.parametrize(
+    ("key", "dtype"),
+    [(key, torch.float32) for key in ARCHITECTURES] + [("ref-lm-rope-half-gqa-swiglu-rms-nobias", d) for d in DTYPES],
+)
+def test_equal_models_are_equivalent_at_any_tolerance(key, dtype):
+    # The solves round equal weights (Stage 2 finds C = I to rounding): the identity, no further from b, is judged.
+    a = build(key).to(dtype)
+    result = equivalent(a, copy.deepcopy(a), rtol=0)
+
+    assert result.equivalent, result.reason
+    assert "every entry bitwise equal" in result.reason
+    assert result.transform == ModelTransform() and result.weight_residual == {"scope": 0.0, "all": 0.0}
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("key", ["ref-lm-rope-half-gqa-swiglu-rms-nobias", "timm-eva02"])
 def test_independent_half_precision_pairs_are_not_equivalent(key, dtype):

@@ -107,20 +107,25 @@ def test_same_seed_reinitializes_identically(pretrained_checkpoints):
     assert all(torch.equal(x, y) for x, y in zip(_weights(a).values(), _weights(b).values()))
 
 
-def test_bad_configuration_is_refused(pretrained_checkpoints):
+def test_bad_configuration_is_refused(pretrained_checkpoints, tmp_path):
+    from lmc.checkpoints import save_weights
+
     with pytest.raises(ValueError, match="unknown scope 'first_layer'; choose one of first_attention"):
         LMCModule("vit-tiny", reinit="first_layer")
     with pytest.raises(ValueError, match="set pretrained to its checkpoint"):
         LMCModule("vit-tiny", reinit="first_attention")
     with pytest.raises(ValueError, match="unknown model 'resnet'"):
         LMCModule("resnet")
-    with pytest.raises(CheckpointError, match="does not fit VisionTransformer.*shape"):
+    # A checkpoint's own settings, where it has them, must be the model's: the shapes may fit another function.
+    checkpoint = str(pretrained_checkpoints["reference-vit-tiny"])
+    with pytest.raises(CheckpointError, match=r"is another model than this one \(model_config \{\} there, \{'pe'"):
         LMCModule(
-            "vit-tiny",
-            model_config={"embed_dim": 48},
-            data=Digits().info,
-            pretrained=str(pretrained_checkpoints["vit-tiny"]),
+            "reference-vit-tiny", {"pe": "learned", "rope_layout": "interleaved"}, Digits().info, pretrained=checkpoint
         )
+    # Weights without settings are checked by their names and shapes.
+    weights = save_weights(LMCModule("vit-tiny", data=Digits().info).model, tmp_path / "vit.safetensors")
+    with pytest.raises(CheckpointError, match="does not fit VisionTransformer.*shape"):
+        LMCModule("vit-tiny", model_config={"embed_dim": 48}, data=Digits().info, pretrained=str(weights))
     with pytest.raises(CheckpointError, match="does not exist"):
         LMCModule("vit-tiny", pretrained="/nonexistent/model.ckpt")
 
