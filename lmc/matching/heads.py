@@ -14,7 +14,7 @@ from lmc.matching.calibration import PairedMoment
 from lmc.matching.grams import LayerGrams, frobenius_inner, trace
 from lmc.matching.options import AlignOptions
 from lmc.matching.stage2 import Stage2Problem, solve_stage2
-from lmc.symmetry import AttentionSpec, qk_group, vo_group
+from lmc.symmetry import AttentionSpec, qk_group, rotary_commutant, vo_group
 
 
 def invariant_products(grams: LayerGrams, queries_per_kv: int) -> dict[str, torch.Tensor]:
@@ -72,6 +72,8 @@ def head_cost(
 
     Metrics (``options.metric``):
         ``invariant``: ``||M_i - M_j'||^2 + ||N_i - N_j'||^2`` (group-invariant products).
+        ``rotary``: ``invariant`` with ``||M_i - M_j'||^2`` replaced, under RoPE, by the distance of the complete
+            invariants of ``H`` (:func:`rotary_products`); without RoPE it is ``invariant``.
         ``balanced``: the same two terms, each divided by its heads' mean squared norm over both
             models: ``M`` (attention logits) and ``N`` (what the heads add to the residual stream)
             are in different units, and on the language models the first term is ~200x the second.
@@ -95,6 +97,9 @@ def head_cost(
     if options.metric == "weight":
         return _pairwise_stage2_distance(grams, spec, options)
     p = invariant_products(grams, spec.queries_per_kv)
+    if options.metric == "rotary":
+        qk, vo = invariant_terms(p | rotary_products(grams, spec))  # the Q/K products replaced, V/O's kept
+        return qk + vo
     if options.metric in ("invariant", "balanced"):
         qk, vo = invariant_terms(p)
         if options.metric == "balanced":
@@ -106,6 +111,65 @@ def head_cost(
     if head_outputs is None:
         raise ValueError("the activation metric needs the moments of the heads' outputs (head_outputs)")
     return -(qk + _cosine(*output_products(grams, head_outputs, spec.head_dim)))
+
+
+def rotary_products(grams: LayerGrams, spec: AttentionSpec) -> dict[str, torch.Tensor]:
+    """Inner products of the complete Q/K invariants of RoPE heads (docs/spec.md, section 3, "Stage 1 under RoPE").
+
+    ``M_i = Q_i K_g^T`` sums the products of every rotary pair, and under RoPE the logits
+    ``x_m W_Q R(n - m) W_K^T x_n^T`` read each pair's product apart, and its quarter turn too: for each class of
+    pairs turning alike (one pair, unless several share their angles; :func:`~lmc.symmetry.rotary_commutant`),
+    with coordinates ``c``, ``A = Q_c K_c^T`` and ``B = Q_c J K_c^T`` (``J`` the class's multiplication by ``i``,
+    which commutes with every element of ``H``) are invariant, and so is ``Q_u K_u^T`` on the coordinates ``u``
+    that never turn. Each inner product is ``sum((Q^T Q') * (K^T K'))``, with ``J^T (Q^T Q') J`` for ``B``, on the
+    row-centred key Grams as :func:`invariant_products`. Without RoPE every coordinate is ``u``: the products
+    equal :func:`invariant_products`'.
+
+    Returns:
+        ``qk_cross`` ``(h, h)``, ``qk_source`` and ``qk_target`` ``(h,)``.
+    """
+    key_cross, key_source, key_target = grams.centred_key()
+    kv = torch.arange(spec.num_heads) // spec.queries_per_kv
+    blocks: list[tuple[torch.Tensor, bool]] = [(torch.arange(spec.head_dim), False)]
+    if spec.rotary is not None:
+        group = rotary_commutant(spec.head_dim, spec.rotary)
+        blocks = [(group.real_coordinates, False)]
+        blocks += [(torch.cat([members[:, 0], members[:, 1]]), True) for members in group.complex_blocks]
+    h = spec.num_heads
+    products = {"qk_cross": torch.zeros(h, h), "qk_source": torch.zeros(h), "qk_target": torch.zeros(h)}
+    products = {name: value.double() for name, value in products.items()}
+    for coordinates, turns in blocks:
+        if not len(coordinates):
+            continue
+        c = coordinates
+        queries = grams.query_cross[:, c][:, :, :, c].double()  # (h, n, h, n)
+        keys = key_cross[kv][:, c][:, :, kv][:, :, :, c].double()
+        products["qk_cross"] += _turned_inner(queries, keys, turns, (1, 3))
+        for side, query_gram, key_gram in (
+            ("source", grams.query_source, key_source),
+            ("target", grams.query_target, key_target),
+        ):
+            own_queries, own_keys = query_gram[:, c][:, :, c].double(), key_gram[kv][:, c][:, :, c].double()
+            products[f"qk_{side}"] += _turned_inner(own_queries, own_keys, turns, (1, 2))
+    return products
+
+
+def _turned_inner(queries: torch.Tensor, keys: torch.Tensor, turns: bool, axes: tuple[int, int]) -> torch.Tensor:
+    """``sum((Q^T Q') * (K^T K'))`` over the coordinate ``axes``, plus with ``turns`` the same with ``J^T (Q^T Q') J``.
+
+    The coordinates are ``[x | y]`` halves of one class, so ``J^T X J = [[X_yy, -X_yx], [-X_xy, X_xx]]``: the
+    halves swapped on both axes, entries signed by ``s_a s_b`` with ``s = [1 .. 1, -1 .. -1]``."""
+    inner = (queries * keys).sum(dim=axes)
+    if turns:
+        n = queries.shape[axes[0]]
+        swap = torch.cat([torch.arange(n // 2, n), torch.arange(n // 2)])
+        signs = torch.cat([torch.ones(n // 2), -torch.ones(n // 2)]).double()
+        turned = queries.index_select(axes[0], swap).index_select(axes[1], swap)
+        shape_first, shape_second = [1] * queries.dim(), [1] * queries.dim()
+        shape_first[axes[0]], shape_second[axes[1]] = n, n
+        turned = turned * signs.view(shape_first) * signs.view(shape_second)
+        inner = inner + (turned * keys).sum(dim=axes)
+    return inner
 
 
 def invariant_terms(products: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 Method = Literal["naive", "permutation", "orthogonal", "full", "learned"]
-Metric = Literal["invariant", "weight", "correlation", "activation", "midpoint", "balanced"]
+Metric = Literal["invariant", "weight", "correlation", "activation", "midpoint", "balanced", "rotary"]
 Objective = Literal["weight", "data"]
 UnitMatching = Literal["weight", "activation"]
 METHODS: tuple[str, ...] = get_args(Method)
@@ -43,6 +43,8 @@ class AlignOptions:
     metric: Metric = "invariant"
     """Stage 1 head cost: ``invariant`` (distances of the group-invariant products ``Q K^T`` and
     ``V O``), ``balanced`` (those two distances, each in units of its heads' mean squared norm),
+    ``rotary`` (``invariant`` with the Q/K term, under RoPE, on the complete invariants of ``H``: per class of
+    rotary pairs turning alike, ``Q_p K_p^T`` and ``Q_p J K_p^T``; equal to ``invariant`` without RoPE),
     ``weight`` (the weight distance left after Stage 2 for each candidate pair) or
     ``correlation`` (cosine similarities of the invariant products) or ``activation`` (cosine
     similarities of each head's output through ``W_O`` on the calibration batches, plus those of its
