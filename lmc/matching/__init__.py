@@ -3,13 +3,21 @@
 ``align(source, target, scope, AlignOptions(...))`` returns a copy of ``source`` that computes
 the same function with weights close to ``target``'s, and a report of what each stage did.
 ``equivalent(a, b, scope)`` says whether two models compute the same function up to the group.
+Each name is imported on first use (lmc.lazy): ``AlignOptions`` loads no torch.
 """
 
-from lmc.matching.alignment import align
-from lmc.matching.calibration import Calibration
-from lmc.matching.equivalence import EQUIVALENCE_RTOL, Equivalence, EquivalenceTolerance, equivalent
-from lmc.matching.options import METHODS, METRICS, AlignOptions, Method, Metric
-from lmc.matching.results import PROBE_RTOL, AlignmentError, AlignmentReport, LayerAlignment
+from lmc.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "alignment": ("align",),
+        "calibration": ("Calibration",),
+        "equivalence": ("EQUIVALENCE_RTOL", "Equivalence", "EquivalenceTolerance", "equivalent"),
+        "options": ("METHODS", "METRICS", "AlignOptions", "Method", "Metric"),
+        "results": ("PROBE_RTOL", "AlignmentError", "AlignmentReport", "LayerAlignment"),
+    },
+)
 
 __all__ = [
     "EQUIVALENCE_RTOL",
