@@ -1,4 +1,4 @@
-"""Layers only point down: from the contracts and the maths (rotary, tasks, io, symmetry) to the commands."""
+"""Layers only point down: from the contracts and the maths (lazy, rotary, tasks, io, symmetry) to the commands."""
 
 from __future__ import annotations
 
@@ -14,17 +14,18 @@ ROOT = Path(lmc.__file__).parent
 
 # package or module -> the lmc packages and modules it may import besides itself
 ALLOWED = {
+    "lazy": set(),
     "rotary": set(),
     "tasks": set(),
     "io": set(),
     "configs": set(),  # the YAML files, mapped from the repository's configs/ (pyproject.toml)
     "checkpoints": {"io"},
-    "symmetry": {"rotary"},
+    "symmetry": {"lazy", "rotary"},
     "models": {"rotary", "tasks"},
     "adapters": {"rotary", "symmetry", "models"},
-    "matching": {"symmetry", "adapters", "checkpoints", "formats", "io"},
+    "matching": {"lazy", "symmetry", "adapters", "checkpoints", "formats", "io"},
     "data": {"tasks"},
-    "training": {"adapters", "checkpoints", "data", "io", "models", "symmetry", "tasks"},
+    "training": {"adapters", "checkpoints", "data", "io", "lazy", "models", "symmetry", "tasks"},
     "connectivity": {"data", "io", "matching", "symmetry", "tasks"},
     "formats": {"adapters", "checkpoints", "data", "io", "symmetry", "tasks"},
     "experiments": {"adapters", "checkpoints", "configs", "connectivity", "io", "matching", "symmetry", "training"},

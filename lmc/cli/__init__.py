@@ -6,7 +6,9 @@
   functions, one per module of this package, whose docstrings are their ``--help`` (lmc.cli.parsing).
 
 ``lmc --help`` and ``--version`` import no command, and each command imports only its own modules,
-so the help of those whose options are plain values (demo, repro, symmetry) loads no torch.
+so the help of those whose options are plain values (demo, repro, symmetry, equivalent) loads no
+torch. align's and interpolate's ``--data`` is an ``LMCDataModule``, a Lightning class, and the
+training commands' options are Lightning's Trainer's: their help imports Lightning.
 
 Errors that come from the user's input (a missing checkpoint, a bad value, an unsupported
 model) print one line and exit with status 2; ``LMC_DEBUG=1`` shows the traceback.

@@ -6,11 +6,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from lmc.cli.inputs import check_outputs, external_pair, trained_scope
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
+
+# The models below are typed Any, not torch's nn.Module: building the parser of --help, jsonargparse
+# runs this module's imports, those under TYPE_CHECKING too, and --help loads no torch.
 
 
 def equivalent(
@@ -95,7 +96,7 @@ def equivalent(
         raise SystemExit(1)
 
 
-def _lmc_models(a: Path, b: Path) -> tuple[nn.Module, nn.Module, dict[str, Any]]:
+def _lmc_models(a: Path, b: Path) -> tuple[Any, Any, dict[str, Any]]:
     """The models of lmc checkpoints A and B in the dtype they store, and A's hyper-parameters."""
     from lmc.checkpoints import CheckpointError
     from lmc.training.module import load_trained, require_same_model
@@ -112,7 +113,7 @@ def _lmc_models(a: Path, b: Path) -> tuple[nn.Module, nn.Module, dict[str, Any]]
     return model_a, model_b, hyperparameters
 
 
-def _in_stored_dtype(model: nn.Module, path: Path) -> nn.Module:
+def _in_stored_dtype(model: Any, path: Path) -> Any:
     """``model`` in the one dtype ``path`` stores its parameters in, holding exactly the stored values.
 
     lmc builds a checkpoint's model in float32 and loads the weights into it, so a bfloat16
@@ -127,7 +128,7 @@ def _in_stored_dtype(model: nn.Module, path: Path) -> nn.Module:
     return load_weights(model.to(stored.pop()), path)
 
 
-def _external_models(*checkpoints: Any) -> tuple[nn.Module, nn.Module]:
+def _external_models(*checkpoints: Any) -> tuple[Any, Any]:
     """The models of two Hugging Face or timm checkpoints, in their stored dtype."""
     from lmc.formats import load_external, require_same_architecture
 
@@ -137,7 +138,7 @@ def _external_models(*checkpoints: Any) -> tuple[nn.Module, nn.Module]:
     return first.model, second.model
 
 
-def _require_comparable(a: Path, b: Path, model_a: nn.Module, model_b: nn.Module, refuse: Callable[[], None]) -> None:
+def _require_comparable(a: Path, b: Path, model_a: Any, model_b: Any, refuse: Callable[[], None]) -> None:
     """Refuse (exit 2) a pair that no group element could relate: other dtypes, architectures or shapes.
 
     Models that can be compared but differ in a setting (an eps, the GELU variant) are not refused:

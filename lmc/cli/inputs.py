@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lmc.data import LMCDataModule
-from lmc.formats import Checkpoint
-from lmc.matching import AlignOptions
+if TYPE_CHECKING:  # lmc equivalent's --help reads this module: it loads no torch
+    from lmc.data import LMCDataModule
+    from lmc.formats import Checkpoint
+    from lmc.matching import AlignOptions
 
 
 def required(value: Any, flag: str) -> Any:

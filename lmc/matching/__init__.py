@@ -4,14 +4,22 @@
 the same function with weights close to ``target``'s, and a report of what each stage did.
 ``equivalent(a, b, scope)`` says whether two models compute the same function up to the group;
 ``align_many(models, scope)`` brings k models into one frame.
+Each name is imported on first use (lmc.lazy): ``AlignOptions`` loads no torch.
 """
 
-from lmc.matching.alignment import align
-from lmc.matching.calibration import Calibration
-from lmc.matching.equivalence import EQUIVALENCE_RTOL, Equivalence, EquivalenceTolerance, equivalent
-from lmc.matching.many import ManyAlignment, align_many
-from lmc.matching.options import METHODS, METRICS, AlignOptions, Method, Metric
-from lmc.matching.results import PROBE_RTOL, AlignmentError, AlignmentReport, LayerAlignment
+from lmc.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "alignment": ("align",),
+        "calibration": ("Calibration",),
+        "equivalence": ("EQUIVALENCE_RTOL", "Equivalence", "EquivalenceTolerance", "equivalent"),
+        "many": ("ManyAlignment", "align_many"),
+        "options": ("METHODS", "METRICS", "AlignOptions", "Method", "Metric"),
+        "results": ("PROBE_RTOL", "AlignmentError", "AlignmentReport", "LayerAlignment"),
+    },
+)
 
 __all__ = [
     "EQUIVALENCE_RTOL",

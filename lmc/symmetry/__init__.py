@@ -6,53 +6,61 @@ a scope covers; :mod:`lmc.symmetry.axes` checks that every parameter axis is exp
 :mod:`lmc.symmetry.transforms` samples, applies, inverts and composes elements. Nothing here knows a model class: the
 model-level entry points (``model_spec``, ``describe``, ``random_symmetry``, ...) live in
 :mod:`lmc.adapters`, which turns models into specs.
+Each name is imported on first use (lmc.lazy): the ``Scope`` literal loads no torch.
 """
 
-from lmc.symmetry.axes import REASONS, AxisRole, explain_axes, unexplained_axes
-from lmc.symmetry.folds import NormFold, Reader, fold_parameters_
-from lmc.symmetry.groups import (
-    QKGroup,
-    SignFlips,
-    TiedGroup,
-    general_linear,
-    other_pair_layout,
-    rotary_commutant,
-    sign_flips,
-)
-from lmc.symmetry.spec import (
-    HEAD_ORDER_ONLY,
-    SCOPES,
-    AttentionSpec,
-    AxisPermutation,
-    FixedAxes,
-    FixedReason,
-    HeadSlot,
-    RotaryLayout,
-    Scope,
-    SignGroup,
-    SymmetrySpec,
-    check_scope,
-    scope_blocks,
-    scope_parameter_names,
-)
-from lmc.symmetry.transforms import (
-    AttentionTransform,
-    ModelTransform,
-    compute_dtype,
-    qk_group,
-    sample_attention_transform,
-    sample_signs,
-    sample_transform,
-    transform_attention,
-    vo_group,
-)
-from lmc.symmetry.weights import (
-    AttentionWeights,
-    attention_parameters,
-    head_rows,
-    per_query_head,
-    read_attention,
-    write_attention,
+from lmc.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "axes": ("REASONS", "AxisRole", "explain_axes", "unexplained_axes"),
+        "folds": ("NormFold", "Reader", "fold_parameters_"),
+        "groups": (
+            "QKGroup",
+            "SignFlips",
+            "TiedGroup",
+            "general_linear",
+            "other_pair_layout",
+            "rotary_commutant",
+            "sign_flips",
+        ),
+        "spec": (
+            "HEAD_ORDER_ONLY",
+            "SCOPES",
+            "AttentionSpec",
+            "AxisPermutation",
+            "FixedAxes",
+            "FixedReason",
+            "HeadSlot",
+            "RotaryLayout",
+            "Scope",
+            "SignGroup",
+            "SymmetrySpec",
+            "check_scope",
+            "scope_blocks",
+            "scope_parameter_names",
+        ),
+        "transforms": (
+            "AttentionTransform",
+            "ModelTransform",
+            "compute_dtype",
+            "qk_group",
+            "sample_attention_transform",
+            "sample_signs",
+            "sample_transform",
+            "transform_attention",
+            "vo_group",
+        ),
+        "weights": (
+            "AttentionWeights",
+            "attention_parameters",
+            "head_rows",
+            "per_query_head",
+            "read_attention",
+            "write_attention",
+        ),
+    },
 )
 
 __all__ = [

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
-import torch
+if TYPE_CHECKING:  # torch is imported where tensors are made: the CLI's help reads Scope and loads no torch
+    import torch
 
-from lmc.symmetry.folds import NormFold
+    from lmc.symmetry.folds import NormFold
 
 PositionalEncoding = Literal["none", "absolute", "rope"]
 RopeLayout = Literal["half", "interleaved", "axial"]
@@ -257,6 +258,8 @@ class AxisPermutation:
 
         Each stacked copy of the units is permuted alike; entries outside the units keep their place.
         """
+        import torch
+
         start, stop = self.span(axis, length)
         index = torch.arange(length)
         index[start:stop] = torch.cat([perm.cpu() + first for first in range(start, stop, self.size)])
@@ -265,6 +268,8 @@ class AxisPermutation:
     def sign_vector(self, axis: tuple[str, int], length: int, signs: torch.Tensor) -> torch.Tensor:
         """The factor ``(length,)`` of each entry of ``axis`` after the permutation: the units' ``signs``
         ``(size,)`` on each stacked copy, ``1`` on the entries outside the units and on an unsigned axis."""
+        import torch
+
         factor = torch.ones(length, dtype=signs.dtype)
         if axis not in self.unsigned:
             start, stop = self.span(axis, length)

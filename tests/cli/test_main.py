@@ -153,10 +153,22 @@ HEAVY = ("torch", "lightning", "transformers")
 
 
 @pytest.mark.parametrize(
-    "argv", [["--help"], ["--version"], ["demo", "--help"], ["repro", "--help"], ["symmetry", "--help"]]
+    "argv",
+    [
+        ["--help"],
+        ["--version"],
+        ["demo", "--help"],
+        ["repro", "--help"],
+        ["symmetry", "--help"],
+        ["equivalent", "--help"],
+    ],
 )
 def test_help_and_version_import_no_torch(argv):
-    """Every help took about 15 s: torch and Lightning were imported before the arguments were parsed."""
+    """Every help took about 15 s: torch and Lightning were imported before the arguments were parsed.
+
+    Not align's or interpolate's: their --data is typed by LMCDataModule, a LightningDataModule,
+    whose subclasses the help lists.
+    """
     code = f"import sys\nfrom lmc.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
     code += f"print(sorted(set({HEAVY!r}) & set(sys.modules)), file=sys.stderr)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
