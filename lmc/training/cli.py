@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Mapping
@@ -142,6 +143,7 @@ def lightning_cli(
 
     from lmc.data import LMCDataModule
     from lmc.training import LMCModule
+    from lmc.training.module import require_an_end
 
     class SaveConfigIntoTheRunFolder(SaveConfigCallback):
         """Save the config only where the run keeps its logs, and never over an input file."""
@@ -155,6 +157,24 @@ def lightning_cli(
             super().setup(trainer, pl_module, stage)
 
     class LMCLightningCLI(LightningCLI):
+        def parse_arguments(self, parser, args) -> None:
+            """Parse, then refuse trainer settings the schedule cannot run under before anything prints."""
+            super().parse_arguments(parser, args)
+            subcommand = self.config.get("subcommand")
+            trainer = (self.config[subcommand] if subcommand else self.config).get("trainer")
+            if trainer is not None:
+                require_an_end(trainer.get("max_epochs"), trainer.get("max_steps", -1))
+
+        def _set_seed(self) -> None:
+            # The seed is in the saved config; Lightning's "Seed set to" line would come before any one-line error.
+            seed_logger = logging.getLogger("lightning.fabric.utilities.seed")
+            level = seed_logger.level
+            seed_logger.setLevel(logging.WARNING)
+            try:
+                super()._set_seed()
+            finally:
+                seed_logger.setLevel(level)
+
         def add_arguments_to_parser(self, parser) -> None:
             parser.link_arguments("data", "model.data", compute_fn=data_info, apply_on="instantiate")
             for name, group in (groups or {}).items():

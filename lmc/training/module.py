@@ -33,6 +33,18 @@ from lmc.models import create_model
 from lmc.symmetry import Scope, check_scope
 from lmc.tasks import DataInfo
 
+NO_END = (
+    "the learning-rate schedule decays over the whole run, which has no end with trainer.max_epochs -1 "
+    "and trainer.max_steps -1: set trainer.max_epochs or trainer.max_steps"
+)
+
+
+def require_an_end(max_epochs: int | None, max_steps: int) -> None:
+    """Raise ``ValueError`` (:data:`NO_END`) for trainer settings under which the learning-rate schedule never ends,
+    before a trainer is built from them."""
+    if max_epochs == -1 and max_steps == -1:
+        raise ValueError(NO_END)
+
 
 class LMCModule(L.LightningModule):
     """Train or fine-tune one backbone under a re-initialization scope.
@@ -179,10 +191,7 @@ class LMCModule(L.LightningModule):
         optimizer = torch.optim.AdamW(parameters, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
         steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(steps):  # max_epochs -1 with max_steps -1: the cosine schedule has no end
-            raise ValueError(
-                "the learning-rate schedule decays over the whole run, which has no end with trainer.max_epochs -1 "
-                "and trainer.max_steps -1: set trainer.max_epochs or trainer.max_steps"
-            )
+            raise ValueError(NO_END)
         total = max(1, int(steps))
         warmup = min(self.hparams.warmup_steps, total - 1)
 
