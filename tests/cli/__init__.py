@@ -16,3 +16,12 @@ def fails(argv: list[str], capsys) -> str:
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and error.startswith("lmc: error: "), error
     return error
+
+
+def exit_status(argv: list[str]) -> int:
+    """Run ``lmc`` and return its exit status (0 when it returns)."""
+    try:
+        main(argv)
+    except SystemExit as exit_info:
+        return exit_info.code
+    return 0

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from lmc.adapters import random_symmetry
-from lmc.cli import main
 from lmc.models import create_model, randomize_parameters_
 from lmc.training import LMCModule
 from lmc.training.module import save_trained
-from tests.cli import fails
+from tests.cli import exit_status, fails
 from tests.formats.checkpoints import HF_MODELS, at_every_scope, fine_tuned_pair, model, save_hf, save_timm
 from tests.runs import CONFIG, MODEL, data
 
@@ -43,17 +42,9 @@ def checkpoints(tmp_path_factory):
     }
 
 
-def _exit_status(argv: list[str]) -> int:
-    try:
-        main(argv)
-    except SystemExit as exit_info:
-        return exit_info.code
-    return 0
-
-
 def test_a_planted_pair_is_equivalent_exit_0_with_the_report(checkpoints, tmp_path, capsys):
     report = tmp_path / "report.json"
-    assert _exit_status(["equivalent", str(checkpoints["a"]), str(checkpoints["b"]), "--output", str(report)]) == 0
+    assert exit_status(["equivalent", str(checkpoints["a"]), str(checkpoints["b"]), "--output", str(report)]) == 0
     out = capsys.readouterr().out
     assert "are equivalent under the full_model group (float32)" in out
     assert "weights after alignment: 0 entries beyond their bound" in out
@@ -78,22 +69,22 @@ def test_a_planted_pair_is_equivalent_exit_0_with_the_report(checkpoints, tmp_pa
 def test_independent_and_narrower_scope_pairs_exit_1(checkpoints, tmp_path, capsys):
     a, b, c = (str(checkpoints[k]) for k in "abc")
     report = tmp_path / "report.json"
-    assert _exit_status(["equivalent", a, c, "--output", str(report)]) == 1
+    assert exit_status(["equivalent", a, c, "--output", str(report)]) == 1
     assert "are NOT equivalent under the full_model group" in capsys.readouterr().out
     written = json.loads(report.read_text())
     assert written["equivalent"] is False and written["reason"].startswith("different functions")
 
     # B is A moved by the whole model's group: the first attention layer's group alone cannot reach it.
-    assert _exit_status(["equivalent", a, b, "--scope", "first_attention"]) == 1
+    assert exit_status(["equivalent", a, b, "--scope", "first_attention"]) == 1
     assert "(outside scope 'first_attention', so never aligned: it must be bitwise equal)" in capsys.readouterr().out
     # rtol 0 asks for bit-equal weights, which float32 rounding of the planted symmetry denies.
-    assert _exit_status(["equivalent", a, b, "--rtol", "0", "--output", str(report), "--overwrite", "true"]) == 1
+    assert exit_status(["equivalent", a, b, "--rtol", "0", "--output", str(report), "--overwrite", "true"]) == 1
     assert json.loads(report.read_text())["tolerance"]["weight_origin"] == "given"
 
 
 def test_a_checkpoint_is_equivalent_to_itself_at_rtol_0(checkpoints, capsys):
     a = str(checkpoints["a"])
-    assert _exit_status(["equivalent", a, a, "--rtol", "0"]) == 0
+    assert exit_status(["equivalent", a, a, "--rtol", "0"]) == 0
     assert "are equivalent under the full_model group" in capsys.readouterr().out
 
 
@@ -107,7 +98,7 @@ def test_bad_input_exits_2_before_writing(checkpoints, tmp_path, capsys):
     assert existing.read_text() == "{}"
     assert "is a folder" in fails(["equivalent", a, b, "--output", str(tmp_path)], capsys)
     assert "does not exist" in fails(["equivalent", a, str(tmp_path / "nope.ckpt")], capsys)
-    assert _exit_status(["equivalent", a, b, "--scope", "everything"]) == 2  # refused by the parser, with the choices
+    assert exit_status(["equivalent", a, b, "--scope", "everything"]) == 2  # refused by the parser, with the choices
     assert "first_attention" in capsys.readouterr().err
     other = LMCModule(MODEL, {"pe": "rope", "rope_layout": "interleaved"}, data().info)
     other_path = save_trained(other.model.state_dict(), dict(other.hparams), tmp_path / "other.ckpt")
@@ -118,16 +109,16 @@ def test_bf16_checkpoints_are_judged_in_bf16(checkpoints, tmp_path, capsys):
     """lmc builds the model in float32 and loads the checkpoint into it: the pair is judged in the stored dtype."""
     report = tmp_path / "report.json"
     a16, b16 = str(checkpoints["a16"]), str(checkpoints["b16"])
-    assert _exit_status(["equivalent", a16, b16, "--output", str(report)]) == 0
+    assert exit_status(["equivalent", a16, b16, "--output", str(report)]) == 0
     assert "are equivalent under the full_model group (bfloat16)" in capsys.readouterr().out
     written = json.loads(report.read_text())
     assert written["dtype"] == "bfloat16" and written["tolerance"]["weight"] == 4 * 2.0**-8
     assert 0 < max(written["rounding_ratio"].values()) <= 1.47  # the bfloat16 ratio measured on planted pairs
-    assert _exit_status(["equivalent", str(checkpoints["a64"]), str(checkpoints["b64"]), "--rtol", "0"]) == 1
+    assert exit_status(["equivalent", str(checkpoints["a64"]), str(checkpoints["b64"]), "--rtol", "0"]) == 1
     assert "are NOT equivalent under the full_model group (float64)" in capsys.readouterr().out
-    assert _exit_status(["equivalent", str(checkpoints["a64"]), str(checkpoints["b64"])]) == 0
+    assert exit_status(["equivalent", str(checkpoints["a64"]), str(checkpoints["b64"])]) == 0
     assert "are equivalent under the full_model group (float64)" in capsys.readouterr().out
-    assert _exit_status(["equivalent", a16, str(checkpoints["c"])]) == 2
+    assert exit_status(["equivalent", a16, str(checkpoints["c"])]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1
     assert f"{a16} stores its weights in bfloat16 but {checkpoints['c']} in float32" in error
@@ -159,12 +150,12 @@ def folders(tmp_path_factory):
 
 def test_hugging_face_and_timm_folders_are_compared(folders, capsys):
     a, b = str(folders["a"]), str(folders["b"])
-    assert _exit_status(["equivalent", a, b]) == 0
+    assert exit_status(["equivalent", a, b]) == 0
     assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
-    assert _exit_status(["equivalent", str(folders["vit"]), str(folders["vit_b"])]) == 0
+    assert exit_status(["equivalent", str(folders["vit"]), str(folders["vit_b"])]) == 0
     assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
     # Equal weights, another LayerNorm eps: not equivalent, the setting named, no tolerance advised.
-    assert _exit_status(["equivalent", a, str(folders["eps"])]) == 1
+    assert exit_status(["equivalent", a, str(folders["eps"])]) == 1
     out = capsys.readouterr().out
     assert "settings and buffers: differ: config.layer_norm_epsilon" in out
     reason = next(line for line in out.splitlines() if line.startswith("reason: "))
@@ -181,9 +172,9 @@ def test_every_hugging_face_family_is_judged_equivalent_to_its_symmetry_and_not_
     a = str(save_hf(network, tmp_path / "a", tokenizer=False))
     b = str(save_hf(random_symmetry(network, scope=scope, seed=3), tmp_path / "b", tokenizer=False))
     c = str(save_hf(other, tmp_path / "c", tokenizer=False))
-    assert _exit_status(["equivalent", a, b, "--scope", scope]) == 0
+    assert exit_status(["equivalent", a, b, "--scope", scope]) == 0
     assert f"are equivalent under the {scope} group (float32)" in capsys.readouterr().out
-    assert _exit_status(["equivalent", a, c, "--scope", scope]) == 1
+    assert exit_status(["equivalent", a, c, "--scope", scope]) == 1
     out = capsys.readouterr().out
     assert f"are NOT equivalent under the {scope} group" in out and "reason: different functions" in out
 
@@ -193,11 +184,11 @@ def test_pythia_folders_are_compared_with_their_residual_form(tmp_path, capsys):
     network = model("gpt-neox-tiny", {}, seed=0)
     a = str(save_hf(network, tmp_path / "a", tokenizer=False))
     b = str(save_hf(random_symmetry(network, scope="full_model", seed=3), tmp_path / "b", tokenizer=False))
-    assert _exit_status(["equivalent", a, b]) == 0
+    assert exit_status(["equivalent", a, b]) == 0
     assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
     sequential = create_model("gpt-neox-tiny", use_parallel_residual=False)
     sequential.load_state_dict(network.state_dict())
-    assert _exit_status(["equivalent", a, str(save_hf(sequential, tmp_path / "seq", tokenizer=False))]) == 1
+    assert exit_status(["equivalent", a, str(save_hf(sequential, tmp_path / "seq", tokenizer=False))]) == 1
     assert "config.use_parallel_residual (True in a, False in b)" in capsys.readouterr().out
 
 
@@ -206,11 +197,11 @@ def test_hugging_face_vit_folders_are_compared_on_images(tmp_path, capsys):
     network = model("hf-vit-tiny", {}, seed=0)
     a = str(save_hf(network, tmp_path / "a", tokenizer=False))
     b = str(save_hf(random_symmetry(network, scope="full_model", seed=3), tmp_path / "b", tokenizer=False))
-    assert _exit_status(["equivalent", a, b]) == 0
+    assert exit_status(["equivalent", a, b]) == 0
     assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
     with torch.no_grad():
         network.vit.embeddings.cls_token.copy_(network.vit.embeddings.cls_token.roll(1, dims=2))
-    assert _exit_status(["equivalent", a, str(save_hf(network, tmp_path / "c", tokenizer=False))]) == 1
+    assert exit_status(["equivalent", a, str(save_hf(network, tmp_path / "c", tokenizer=False))]) == 1
 
 
 def test_multibert_folders_are_compared_with_both_heads(tmp_path, capsys):
@@ -218,12 +209,12 @@ def test_multibert_folders_are_compared_with_both_heads(tmp_path, capsys):
     network = model("bert-pretraining-tiny", {}, seed=0)
     a = str(save_hf(network, tmp_path / "a", tokenizer=False))
     b = str(save_hf(random_symmetry(network, scope="full_model", seed=3), tmp_path / "b", tokenizer=False))
-    assert _exit_status(["equivalent", a, b]) == 0
+    assert exit_status(["equivalent", a, b]) == 0
     assert "are equivalent under the full_model group (float32)" in capsys.readouterr().out
     with torch.no_grad():
         network.bert.pooler.dense.weight.copy_(network.bert.pooler.dense.weight.roll(1, 0))
         network.bert.pooler.dense.bias.copy_(network.bert.pooler.dense.bias.roll(1, 0))
-    assert _exit_status(["equivalent", a, str(save_hf(network, tmp_path / "c", tokenizer=False))]) == 1
+    assert exit_status(["equivalent", a, str(save_hf(network, tmp_path / "c", tokenizer=False))]) == 1
     assert "are NOT equivalent under the full_model group" in capsys.readouterr().out
 
 

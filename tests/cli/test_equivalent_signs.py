@@ -8,18 +8,10 @@ import pytest
 import torch
 
 from lmc.adapters import apply_transform, model_spec
-from lmc.cli import main
 from lmc.symmetry import sample_transform
+from tests.cli import exit_status
 from tests.formats.checkpoints import model, save_hf
 from tests.symmetry.test_signs import mixed_signs
-
-
-def exit_status(argv: list[str]) -> int:
-    try:
-        main(argv)
-    except SystemExit as exit_info:
-        return exit_info.code
-    return 0
 
 
 @pytest.mark.parametrize(("name", "allowed"), [("llama-tiny", True), ("llama-tiny", False), ("gpt2-tiny", False)])
