@@ -15,6 +15,7 @@ def repro(
     report: Path | None = None,
     cluster: Cluster = Cluster(),
     summarize: bool = False,
+    quiet: bool = False,
 ) -> None:
     """The paper's study at small scale: every family and strategy, Table 1, then docs/results.md.
 
@@ -38,6 +39,8 @@ def repro(
             --gpus_per_job, ...).
         summarize: Run nothing: summarize the finished runs again (a newer lmc's measures read
             their recorded sweeps) and write the report, keeping the runs' recorded times.
+        quiet: Show no progress (else the running jobs and each run's stage, stages done, elapsed
+            and estimated time on standard error: an updating line each on a terminal, plain lines elsewhere).
     """
     from lmc.experiments.jobs import ignore_srun_hint
     from lmc.experiments.study import repro as run_study
@@ -51,4 +54,5 @@ def repro(
         cluster=cluster,
         overrides={name: str(value) for name, value in overrides.items() if value is not None},
         summarize=summarize,
+        quiet=quiet,
     )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lmc.configs import config_file
+from lmc.experiments.progress import Display, Follower
 from lmc.io import nan_for_null
 
 #: The experiment config of each positional encoding.
@@ -61,6 +62,7 @@ def run(
     epochs: int | None = None,
     kernels: dict[str, str] | None = None,
     seeds: int | None = None,
+    quiet: bool = False,
 ) -> list[dict[str, Any]]:
     """Run the main job for APE and RoPE side by side and print the table of barriers; returns one row per encoding.
 
@@ -69,6 +71,7 @@ def run(
         epochs: Pre-training and fine-tuning epochs instead of the protocol's.
         kernels: The runs' environment settings instead of :data:`ONE_THREAD`.
         seeds: Fine-tuned seeds instead of the protocol's four.
+        quiet: Show no progress (else each run's, read from its ``progress.json``, on standard error).
     """
     root = Path(output_dir)
     if root.exists() and not root.is_dir():
@@ -83,10 +86,12 @@ def run(
             arguments = [*experiment_arguments(label, root, epochs, seeds), "--cluster.executor=inline"]
             command = [sys.executable, "-m", "lmc", "run", *arguments]
             runs[label] = (subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=environment), log)
+    display = Display("quiet" if quiet else "auto")
     try:
-        for label, (process, log) in runs.items():
-            if process.wait() != 0:
-                raise DemoError(f"the main job's {label} run failed (exit status {process.returncode}): see {log}")
+        with display, Follower({label: root / label for label in runs}, display):
+            for label, (process, log) in runs.items():
+                if process.wait() != 0:
+                    raise DemoError(f"the main job's {label} run failed (exit status {process.returncode}): see {log}")
     finally:
         for process, _ in runs.values():  # one run failed or the demo was interrupted: stop the other
             if process.poll() is None:

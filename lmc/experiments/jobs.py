@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -30,6 +31,7 @@ from typing import Any, Literal
 
 from submitit.helpers import Checkpointable
 
+from lmc.experiments.progress import Progress
 from lmc.io import atomic_write_json
 
 #: ``local``: submitit's processes on this machine; ``slurm``: sbatch jobs; ``inline``: each job
@@ -338,7 +340,12 @@ class _Running:
 
 
 def run_jobs(
-    jobs: list[Job], cluster: Cluster, folder: Path, threads: int, default_max_jobs: int = 1
+    jobs: list[Job],
+    cluster: Cluster,
+    folder: Path,
+    threads: int,
+    default_max_jobs: int = 1,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run ``jobs`` in dependency order on ``cluster``; returns each submitted job's result by name.
 
@@ -348,6 +355,8 @@ def run_jobs(
         folder: submitit's folder unless ``cluster.folder`` is given (logs, pickles).
         threads: torch threads of each job.
         default_max_jobs: Jobs at a time when ``cluster.max_jobs`` is ``None``.
+        progress: Told the running jobs and the count of finished ones as each starts and ends;
+            the lines on each job's submission and end go to its display (``None``: printed).
 
     Raises:
         JobFailedError: A job failed; its dependants were not submitted, the others ran to the end.
@@ -358,7 +367,7 @@ def run_jobs(
         if unknown:
             raise ValueError(f"job {job.name} comes after unknown jobs {sorted(unknown)}")
     if cluster.executor == "inline":
-        return _run_inline(jobs, threads)
+        return _run_inline(jobs, threads, progress)
     folder = Path(cluster.folder) if cluster.folder else folder
     limit = cluster.max_jobs or default_max_jobs
     parent = os.getpid() if cluster.executor == "local" else None  # SLURM jobs belong to the cluster
@@ -371,6 +380,7 @@ def run_jobs(
     submitted = _read_submitted(folder) if cluster.executor == "slurm" else {}
     alive = _still_alive(folder, submitted, {job.name for job in waiting})
     results: dict[str, Any] = {}
+    say = progress.display.say if progress is not None else functools.partial(print, flush=True)
     try:
         while waiting or running:
             blocked = [job for job in waiting if set(job.after) & (set(failed) | _blocked(jobs, failed))]
@@ -381,18 +391,20 @@ def run_jobs(
                     job.log.parent.mkdir(parents=True, exist_ok=True)
                 handle = alive.pop(job.name, None)
                 if handle is not None:
-                    print(f"{job.name}: still queued or running on SLURM (job {handle.job_id}): waiting for it")
+                    say(f"{job.name}: still queued or running on SLURM (job {handle.job_id}): waiting for it")
                 else:
                     ddp_on_this_machine = cluster.executor == "local" and _tasks(cluster, job) > 1
                     body = _Body(job.call, threads, parent, _free_port() if ddp_on_this_machine else None)
                     handle = _submit(cluster, folder, job, body)
-                    print(f"{job.name}: submitted ({cluster.executor} job {handle.job_id})", flush=True)
+                    say(f"{job.name}: submitted ({cluster.executor} job {handle.job_id})")
                 running.append(_Running(job, handle))
                 if cluster.executor == "slurm":
                     submitted[job.name] = [str(handle.job_id), _tasks(cluster, job)]
                     atomic_write_json(folder / SUBMITTED, submitted)
             if not running:
                 break
+            if progress is not None:
+                progress.update([entry.job.name for entry in running], len(done))
             time.sleep(POLL_SECONDS)
             states = _slurm_states(r.handle.job_id for r in running) if cluster.executor == "slurm" else {}
             for entry in list(running):
@@ -405,10 +417,10 @@ def run_jobs(
                     results[name] = entry.handle.results()[0]  # task 0's (every DDP rank returns)
                     done.add(name)
                     seconds = time.perf_counter() - entry.start
-                    print(f"{name}: done in {seconds:.0f} s (log: {entry.log})", flush=True)
+                    say(f"{name}: done in {seconds:.0f} s (log: {entry.log})")
                 else:
                     failed[name] = outcome
-                    print(f"{name}: FAILED (log: {entry.log})", flush=True)
+                    say(f"{name}: FAILED (log: {entry.log})")
     except BaseException:  # interrupted: no job of this command runs on unseen
         for entry in running:
             entry.handle.cancel(check=False)
@@ -497,7 +509,7 @@ def _reason(handle) -> str:
     return f"failed: {lines[-1].strip()}" if lines else "failed"
 
 
-def _run_inline(jobs: list[Job], threads: int) -> dict[str, Any]:
+def _run_inline(jobs: list[Job], threads: int, progress: Progress | None = None) -> dict[str, Any]:
     """Every job in this process, in dependency order; an exception stops the command as it would a script."""
     import torch
 
@@ -508,6 +520,8 @@ def _run_inline(jobs: list[Job], threads: int) -> dict[str, Any]:
         while waiting:
             job = next(job for job in waiting if set(job.after) <= done)
             waiting.remove(job)
+            if progress is not None:
+                progress.update([job.name], len(done))
             results[job.name] = job.call()
             done.add(job.name)
     finally:

@@ -173,4 +173,8 @@ def experiment_cli(args: list[str] | None = None, run: bool = True):
     from lmc.training.cli import lightning_cli
 
     groups = {"protocol": Protocol, "cluster": Cluster}
-    return lightning_cli(args, run, groups, "lmc run: the paper's protocol from one experiment config.")
+    description = (
+        "lmc run: the paper's protocol from one experiment config. The stages' progress goes to standard "
+        "error; --quiet shows none."
+    )
+    return lightning_cli(args, run, groups, description)

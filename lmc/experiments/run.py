@@ -22,6 +22,7 @@ identical results::
       jobs/                                      each job's log (submitit's <job id>_0_log.err, .out)
       tensorboard/                               training logs; lmc/ holds the curves
       summary.{json,csv,md}, summary_<alignment>.png
+      progress.json                              the latest stage, for lmc demo and lmc repro to show
 
 A stage folder made with another configuration is never reused: the run stops and names it
 (``protocol.overwrite`` recomputes it and everything after it).
@@ -55,6 +56,7 @@ from lmc.connectivity import (
 from lmc.connectivity.interpolation import evenly_spaced
 from lmc.connectivity.robustness import midpoint_robustness
 from lmc.experiments.jobs import Cluster, Job, run_jobs
+from lmc.experiments.progress import Display, Progress
 from lmc.experiments.protocol import Protocol, RunError, Schedule, alignment_labels, experiment_cli
 from lmc.experiments.summary import (
     ROBUSTNESS,
@@ -108,6 +110,15 @@ def _key(*parts: object) -> str:
 def _seed_stage(seed: int) -> str:
     """The name of seed ``seed``'s fine-tuning: its stage folder, its job, its TensorBoard run."""
     return f"seed{seed}"
+
+
+def _stage_label(job: str) -> str:
+    """How progress names a job of :meth:`Experiment.jobs` (``seed1``: ``fine-tune seed 1``)."""
+    if job.startswith("seed"):
+        return f"fine-tune seed {job.removeprefix('seed')}"
+    if job.startswith("pair"):
+        return f"align and sweep pair {job.removeprefix('pair')}"
+    return "pre-train" if job == "pretrain" else job
 
 
 @dataclass
@@ -469,9 +480,10 @@ class Experiment:
             jobs.append(Job(name, source.step(name), (_seed_stage(i), _seed_stage(j)), finished))
         return jobs
 
-    def run(self, cluster: Cluster | None = None) -> dict[str, Any]:
+    def run(self, cluster: Cluster | None = None, display: Display | None = None) -> dict[str, Any]:
         """Every stage as a job on ``cluster`` (``None``: the config's ``cluster`` group), then the summary,
-        holding the run folder's lock; returns the summary.
+        holding the run folder's lock; returns the summary. Each change of the running stages goes to
+        ``progress.json`` and to ``display`` (``None``: plain lines on standard error).
 
         Raises:
             FolderInUseError: Another ``lmc run`` is writing into the same folder.
@@ -483,8 +495,13 @@ class Experiment:
         self._check_before_work()
         self._check_fit_tasks(cluster)
         with folder_lock(self.root, "lmc run"):
-            run_jobs(self.jobs(), cluster, self.root / "jobs", torch.get_num_threads())
-            return self._summarize()
+            jobs = self.jobs()
+            progress = Progress(str(self.root), len(jobs) + 1, self.root, display or Display("plain"), _stage_label)
+            run_jobs(jobs, cluster, self.root / "jobs", torch.get_num_threads(), progress=progress)
+            progress.update(["summarize"], len(jobs))
+            summary = self._summarize()
+            progress.update([], len(jobs) + 1)
+            return summary
 
     def summarize(self) -> dict[str, Any]:
         """Summarize the finished run again, running nothing; returns the summary. Its measures read

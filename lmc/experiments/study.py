@@ -38,6 +38,7 @@ from lmc.configs import config_file
 from lmc.experiments.jobs import Cluster, run_jobs
 from lmc.experiments.jobs import Job as SubmittedJob
 from lmc.experiments.jobs import die_with_parent as die_with_parent  # its public name here before lmc.experiments.jobs
+from lmc.experiments.progress import Display, Follower, Progress
 from lmc.experiments.protocol import Protocol, Schedule, alignment_labels, experiment_cli
 from lmc.experiments.study_report import FIRST_LAYER_INPUTS, MACHINE, TIMES, recorded, write_report
 from lmc.io import atomic_write_json, folder_lock
@@ -549,7 +550,9 @@ class _Logged:
         return _logged(self.log, self.call)
 
 
-def run_study(study: Study, jobs: int = 2, cluster: Cluster | None = None) -> dict[str, float]:
+def run_study(
+    study: Study, jobs: int = 2, cluster: Cluster | None = None, display: Display | None = None
+) -> dict[str, float]:
     """Run every task of :func:`schedule` not finished earlier as a job on ``cluster`` (``None``:
     processes on this machine), ``jobs`` at a time unless ``cluster.max_jobs`` says otherwise, one
     thread each; returns each job's wall time in seconds, also written to
@@ -559,6 +562,9 @@ def run_study(study: Study, jobs: int = 2, cluster: Cluster | None = None) -> di
     the cluster's fits span several processes: then each fit is a Lightning DDP job of its own
     (:meth:`~lmc.experiments.jobs.Cluster.fit_trainer`), each pair a one-process job, and the run's
     job summarizes.
+
+    The study's running jobs and each run's stage (from its ``progress.json``) go to ``display``
+    (``None``: plain lines on standard error).
 
     Raises:
         ValueError: ``jobs`` below 1, or fits of several processes on the ``inline`` executor.
@@ -584,7 +590,12 @@ def run_study(study: Study, jobs: int = 2, cluster: Cluster | None = None) -> di
             stages = _stage_jobs(study, task) if ddp and task.strategy is not None else []
             submitted += [*stages, _task_job(study, task, stages)]
         folder = Path(study.output_dir) / "jobs"
-        times = run_jobs(submitted, cluster, folder, THREADS, default_max_jobs=jobs)
+        display = display or Display("plain")
+        progress = Progress("study", len(submitted), None, display)
+        runs = {task.name: task.log(study).parent for task in schedule(study) if task.strategy is not None}
+        with Follower(runs, display):
+            times = run_jobs(submitted, cluster, folder, THREADS, default_max_jobs=jobs, progress=progress)
+        progress.update([], len(submitted))
         # A rerun runs only what had not finished: the tasks it skips keep the times recorded earlier,
         # and a task it runs again (resumed, or given a new alignment) adds its time to theirs.
         earlier = recorded(study.output_dir, TIMES) or {}
@@ -599,6 +610,7 @@ def repro(
     overrides: dict[str, Any] | None = None,
     cluster: Cluster | None = None,
     summarize: bool = False,
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """Run a study and write its report; returns the report's data.
 
@@ -610,6 +622,7 @@ def repro(
         summarize: Run nothing: summarize every finished run again
             (:meth:`~lmc.experiments.run.Experiment.summarize`) and write the report; the recorded
             times of the runs are kept.
+        quiet: Show no progress (else the running jobs and each run's stage on standard error).
 
     Raises:
         RunError: With ``summarize``, a run has not finished.
@@ -625,7 +638,8 @@ def repro(
         print(f"summarized the finished runs again and wrote {study.report}")
         return data
     start = time.perf_counter()
-    times = run_study(study, jobs, cluster)
+    with Display("quiet" if quiet else "auto") as display:
+        times = run_study(study, jobs, cluster, display)
     data = write_report(study, [str(path) for path in paths])
     wall, work = time.perf_counter() - start, sum(times.values())
     at_once = (cluster.max_jobs if cluster and cluster.max_jobs else None) or jobs

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lmc.cli import main
 
+#: A plain progress line of lmc run, demo or repro (lmc.experiments.progress.describe).
+PROGRESS_LINE = re.compile(r"^.+: .+ \[\d+/\d+\] \d+(:\d\d)+ elapsed(, about \d+(:\d\d)+ left)?$")
+
+
+def error_lines(err: str) -> str:
+    """Standard error without the progress lines a command showed before it stopped."""
+    return "\n".join(line for line in err.strip().splitlines() if not PROGRESS_LINE.match(line))
+
 
 def fails(argv: list[str], capsys) -> str:
-    """Run ``lmc`` expecting a user error: exit status 2 and one line on stderr, which is returned."""
+    """Run ``lmc`` expecting a user error: exit status 2 and one line on stderr besides the
+    progress lines, which is returned."""
     capsys.readouterr()  # what the test printed before
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
-    error = capsys.readouterr().err.strip()
+    error = error_lines(capsys.readouterr().err)
     assert len(error.splitlines()) == 1 and error.startswith("lmc: error: "), error
     return error
 

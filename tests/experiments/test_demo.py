@@ -16,7 +16,11 @@ def test_main_job_aligns_trained_pairs_below_their_naive_barrier(tmp_path, capsy
     rows = demo.run(tmp_path, epochs=1, seeds=3)  # the tiny form: one epoch per phase, 3 pairs
 
     assert [row["label"] for row in rows] == ["APE", "RoPE"]
-    output = capsys.readouterr().out
+    captured = capsys.readouterr()
+    output = captured.out
+    # Each encoding's progress, followed from its run folder: pre-training, 3 seeds, 3 pairs, summary.
+    for label in ("APE", "RoPE"):
+        assert f"{label}: pre-train [0/8]" in captured.err and f"{label}: done [8/8]" in captured.err
     for row in rows:
         summary = json.loads((row["results_dir"] / "summary.json").read_text())
         entry = summary["alignments"]["full"]

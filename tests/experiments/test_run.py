@@ -958,3 +958,27 @@ def test_eval_samples_are_spread_over_the_split_so_an_ordered_split_keeps_every_
     for label in set(whole):
         assert abs(used.count(label) - 250 * whole.count(label) / len(whole)) <= 1, label
     assert dataset.indices == sorted(set(dataset.indices))  # distinct samples, in the split's order
+
+
+def test_run_prints_its_stages_to_standard_error_and_quiet_prints_none(tmp_path, capsys):
+    """lmc run's stages on standard error when it is not a terminal (a log, a pipe); lmc demo and
+    lmc repro show them from progress.json. --quiet: no progress lines."""
+    config = _config(tmp_path, seeds=2, num_alphas=3, alignments=[{"method": "permutation"}])
+    main(["run", "--config", config])
+    root = tmp_path / "run"
+    shown = re.compile(rf"^{re.escape(str(root))}: (.+) \[(\d)/5\] \d+:\d\d elapsed(, about \d+:\d\d left)?$")
+    lines = [shown.match(line) for line in capsys.readouterr().err.splitlines() if line.startswith(f"{root}: ")]
+    assert all(lines)
+    stages = [(line[1], int(line[2]), line[3] is not None) for line in lines]
+    assert stages == [
+        ("pre-train", 0, False),  # no estimate before a stage has finished
+        ("fine-tune seed 0", 1, True),
+        ("fine-tune seed 1", 2, True),
+        ("align and sweep pair 0_1", 3, True),
+        ("summarize", 4, True),
+        ("done", 5, False),
+    ]
+    assert json.loads((root / "progress.json").read_text())["stage"] == "done"
+    main(["run", "--config", config, "--quiet"])  # every stage finished: it summarizes again
+    captured = capsys.readouterr()
+    assert str(root) not in captured.err and "Results:" in captured.out

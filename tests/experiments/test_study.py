@@ -16,6 +16,7 @@ from lmc.adapters import model_spec
 from lmc.cli import main
 from lmc.experiments.protocol import Schedule, alignment_labels, experiment_cli
 from lmc.experiments.study import Family, Study, load_study, schedule
+from tests.cli import error_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY, QUICK = "configs/study/repro.yaml", "configs/study/quick.yaml"
@@ -630,7 +631,7 @@ def test_a_task_whose_config_its_parser_refuses_is_one_line_naming_it_and_its_lo
     with pytest.raises(SystemExit) as exit_info:
         main(["repro", "--study", f'["{study}"]', "--jobs", "1"])
     assert exit_info.value.code == 2
-    error = capsys.readouterr().err.strip()
+    error = error_lines(capsys.readouterr().err)
     log = tmp_path / "runs" / "v" / "first_attention" / "log.txt"
     assert len(error.splitlines()) == 1 and error.startswith("lmc: error: v/pretrain stopped with status 2: "), error
     assert "model_konfig" in error and str(log) in error and not (tmp_path / "r.md").exists()
