@@ -17,14 +17,15 @@ def error_lines(err: str) -> str:
     return "\n".join(line for line in err.strip().splitlines() if not PROGRESS_LINE.match(line))
 
 
-def fails(argv: list[str], capsys) -> str:
-    """Run ``lmc`` expecting a user error: exit status 2 and one line on stderr besides the
-    progress lines, which is returned."""
+def fails(argv: list[str], capsys, after_work: bool = False) -> str:
+    """Run ``lmc`` expecting a user error: exit status 2 and one line on stderr, which is returned. With
+    ``after_work`` (an error met once the command's stages began), the progress lines before it are allowed."""
     capsys.readouterr()  # what the test printed before
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
-    error = error_lines(capsys.readouterr().err)
+    error = capsys.readouterr().err
+    error = error_lines(error) if after_work else error.strip()
     assert len(error.splitlines()) == 1 and error.startswith("lmc: error: "), error
     return error
 

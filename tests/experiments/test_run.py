@@ -174,7 +174,7 @@ def test_a_job_killed_mid_fit_stops_its_pairs_and_a_rerun_submits_only_what_is_m
 
     killer = threading.Thread(target=kill_when_paused)
     killer.start()
-    error = fails(["run", "--config", config], capsys)
+    error = fails(["run", "--config", config], capsys, after_work=True)
     killer.join()
     assert error.startswith("lmc: error: seed1 ended without a result") and "(log: " in error, error
     log = Path(error.split("(log: ")[1].split(")")[0])
