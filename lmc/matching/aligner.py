@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -33,6 +34,28 @@ from lmc.matching.permutation import axis_correlation
 from lmc.matching.results import AlignmentError, AlignmentReport, LayerAlignment
 from lmc.matching.stage2 import attention_stages
 from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec, compute_dtype
+
+
+@dataclass
+class ResidualCorrelation:
+    """The residual step's weight correlation ``(d, d)`` (float64) in two parts over disjoint axes.
+
+    Attributes:
+        flipped: Over the axes the signs flip (every residual axis without a sign group).
+        unsigned: Over the axes the signs leave alone (the norms' gains), ``None`` without any.
+    """
+
+    flipped: torch.Tensor
+    unsigned: torch.Tensor | None = None
+
+    @property
+    def whole(self) -> torch.Tensor:
+        """The correlation over every axis."""
+        return self.flipped if self.unsigned is None else self.flipped + self.unsigned
+
+    def __add__(self, other: ResidualCorrelation) -> ResidualCorrelation:
+        unsigned = [part for part in (self.unsigned, other.unsigned) if part is not None]
+        return ResidualCorrelation(self.flipped + other.flipped, sum(unsigned) if unsigned else None)
 
 
 class WeightDescent:
@@ -116,11 +139,16 @@ class WeightDescent:
         record.kv_assignment = torch.argsort(overall.kv_permutation).tolist()
         self.report.layers.append(record)
 
-    def residual_correlation(self, axes) -> torch.Tensor:
+    def residual_correlation(self, axes) -> ResidualCorrelation:
         """Weight correlation ``(d, d)`` of the residual stream over ``axes`` (:func:`axis_correlation`), in
-        float64: it adds up products over most of the model's tensors."""
+        float64 (it adds up products over most of the model's tensors), apart over the axes the signs leave
+        alone: each tensor is read once."""
         residual = self.spec.residual.restricted(axes)
-        return axis_correlation(self.parameters, self.target, residual)
+        flipped = residual.restricted([axis for axis in residual.axes if axis not in residual.unsigned])
+        unsigned = None
+        if residual.unsigned:
+            unsigned = axis_correlation(self.parameters, self.target, residual.restricted(residual.unsigned))
+        return ResidualCorrelation(axis_correlation(self.parameters, self.target, flipped), unsigned)
 
     def unit_correlation(self, permutation: AxisPermutation) -> torch.Tensor:
         """Weight correlation ``(size, size)`` of a unit permutation (an FFN's, a task head's, the tokens') over its
@@ -128,15 +156,11 @@ class WeightDescent:
         return axis_correlation(self.parameters, self.target, permutation, compute_dtype(self.dtype))
 
     def best_units(
-        self, permutation: AxisPermutation, correlation: torch.Tensor
+        self, permutation: AxisPermutation, correlation: torch.Tensor, unsigned: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The permutation and signs of ``permutation``'s units maximizing their summed ``correlation``
-        ``(size, size)`` (:func:`~lmc.matching.layers.signed_units`; the part the signs leave alone is read from
-        ``permutation.unsigned``, which the correlation must cover); each ``None`` if it does nothing."""
-        unsigned = None
-        if permutation.signs != "none" and permutation.unsigned:
-            fixed = permutation.restricted(permutation.unsigned)
-            unsigned = axis_correlation(self.parameters, self.target, fixed, correlation.dtype)
+        ``(size, size)``, of which ``unsigned`` is the part over the axes the signs leave alone
+        (:func:`~lmc.matching.layers.signed_units`); each ``None`` if it does nothing."""
         perm, signs = signed_units(correlation, unsigned, permutation, self.dtype)
         perm = None if torch.equal(perm, torch.arange(permutation.size)) else perm
         return perm, None if signs is None or bool((signs > 0).all()) else signs
@@ -150,7 +174,10 @@ class WeightDescent:
 
     def permute_task_head(self, index: int) -> bool:
         hidden = self.spec.task_heads[index]
-        perm, signs = self.best_units(hidden, self.unit_correlation(hidden))
+        unsigned = None
+        if hidden.signs != "none" and hidden.unsigned:  # a LayerNorm's gain: one small tensor read again
+            unsigned = axis_correlation(self.parameters, self.target, hidden.restricted(hidden.unsigned))
+        perm, signs = self.best_units(hidden, self.unit_correlation(hidden), unsigned)
         if perm is None and signs is None:
             return False
         transform = ModelTransform()
@@ -168,11 +195,11 @@ class WeightDescent:
             self.apply(ModelTransform(tokens=perm))
         return perm is not None
 
-    def permute_residual(self, correlation: torch.Tensor) -> bool:
-        """The residual step on its weight ``correlation`` ``(d, d)`` (over the axes the caller chose, summed as
-        it reads them: a streamed round adds it up block by block), signs included where the stream has them;
-        whether the element changed."""
-        perm, signs = self.best_units(self.spec.residual, correlation)
+    def permute_residual(self, correlation: ResidualCorrelation) -> bool:
+        """The residual step on its weight ``correlation`` (over the axes the caller chose, summed as it reads
+        them: a streamed round adds it up block by block), signs included where the stream has them; whether the
+        element changed."""
+        perm, signs = self.best_units(self.spec.residual, correlation.whole, correlation.unsigned)
         if perm is not None or signs is not None:
             self.apply(ModelTransform(residual=perm, residual_signs=signs))
         return perm is not None or signs is not None

@@ -651,7 +651,7 @@ def test_an_ffn_step_holds_one_tensor_pair_while_correlating_and_none_while_assi
     # FFN, and nothing read at all while the assignment runs.
     streamed = lmc.matching.streamed
     read, unit_correlation = streamed._Checked.read, streamed._StreamedDescent.unit_correlation
-    best_permutation = streamed._StreamedDescent.best_permutation
+    best_units = streamed._StreamedDescent.best_units
     beside_reads, beside_assignments, correlating = [], [], []
 
     def kept(descent) -> list[str]:
@@ -671,16 +671,16 @@ def test_an_ffn_step_holds_one_tensor_pair_while_correlating_and_none_while_assi
         finally:
             correlating.clear()
 
-    def watched_best_permutation(descent, permutation, correlation):
+    def watched_best_units(descent, permutation, correlation, unsigned=None):
         if permutation in hidden:
             beside_assignments.append(kept(descent))
-        return best_permutation(descent, permutation, correlation)
+        return best_units(descent, permutation, correlation, unsigned)
 
     source, target = (randomize_parameters_(create_model("llama-tiny"), seed=seed) for seed in (0, 1))
     hidden = [block.feed_forward.hidden for block in model_spec(source).blocks]
     monkeypatch.setattr(streamed._Checked, "read", watched_read)
     monkeypatch.setattr(streamed._StreamedDescent, "unit_correlation", watched_unit_correlation)
-    monkeypatch.setattr(streamed._StreamedDescent, "best_permutation", watched_best_permutation)
+    monkeypatch.setattr(streamed._StreamedDescent, "best_units", watched_best_units)
     source_dir, target_dir = save(source, tmp_path / "source", True), save(target, tmp_path / "target", False)
     align_directories(source_dir, target_dir, tmp_path / "out", "full_model")
     feed_forward = {name for permutation in hidden for name, _ in permutation.axes}
