@@ -32,15 +32,15 @@ class ManyAlignment:
     """What :func:`align_many` did.
 
     Attributes:
-        reports: One per model, in order: its alignment to the last target it had (``reports[0]`` is that of the
-            first model; in round 0 the first model is the frame and is not moved).
+        reports: One per model, in order: its alignment to the last target it had (``None`` for the first model
+            until a round aligns it: in round 0 it is the frame and is not moved).
         rounds: Rounds run after the start (each aligns every model to the mean of the others).
         converged: Whether the last round changed no discrete part of any element.
         changed: Per round, how many models' discrete parts changed.
         seconds: Wall time.
     """
 
-    reports: list[AlignmentReport]
+    reports: list[AlignmentReport | None]
     rounds: int
     converged: bool
     changed: list[int] = field(default_factory=list)
@@ -64,6 +64,23 @@ def discrete_parts(transform: ModelTransform) -> tuple:
         listed(transform.residual_signs),
         listed(transform.tokens),
     )
+
+
+def moves_units(transform: ModelTransform) -> bool:
+    """Whether any discrete part of ``transform`` is not the identity (a permutation that moves, a sign of -1)."""
+
+    def moves(perm: torch.Tensor | None) -> bool:
+        return perm is not None and not torch.equal(perm.cpu(), torch.arange(len(perm)))
+
+    def flips(signs: torch.Tensor | None) -> bool:
+        return signs is not None and bool((signs < 0).any())
+
+    permutations = [e.query_permutation for e in transform.attention.values()]
+    permutations += [e.kv_permutation for e in transform.attention.values()]
+    permutations += [*transform.feed_forward.values(), *transform.task_heads.values()]
+    permutations += [transform.residual, transform.tokens]
+    signs = [transform.residual_signs, *transform.task_head_signs.values()]
+    return any(map(moves, permutations)) or any(map(flips, signs))
 
 
 def mean_model(models: Sequence[nn.Module], names: set[str]) -> nn.Module:
@@ -120,14 +137,19 @@ def align_many(
     names = set(scope_parameters(models[0], scope))
     first = [align(model, models[0], scope, options) for model in models[1:]]
     aligned = [models[0]] + [model for model, _ in first]
-    reports = [align(models[0], models[0], scope, options)[1]] + [report for _, report in first]
+    reports: list[AlignmentReport | None] = [None] + [report for _, report in first]  # model 0 is the frame
     result = ManyAlignment(reports, rounds=0, converged=max_rounds == 0)
     for _ in range(max_rounds):
         changed = 0
         for i, model in enumerate(models):
             target = mean_model([other for j, other in enumerate(aligned) if j != i], names)
             aligned[i], report = align(model, target, scope, options)
-            changed += discrete_parts(report.transform) != discrete_parts(reports[i].transform)
+            before = reports[i]
+            changed += (
+                moves_units(report.transform)
+                if before is None
+                else (discrete_parts(report.transform) != discrete_parts(before.transform))
+            )
             reports[i] = report
         result.rounds += 1
         result.changed.append(changed)
