@@ -34,6 +34,7 @@ from lmc.connectivity.interpolation import (
     sweep,
 )
 from lmc.matching import AlignmentReport, AlignOptions, Calibration, align
+from lmc.matching.alignment import target_frame
 from lmc.matching.options import ALL_BATCHES, DATA_FIELDS, LEARNED_FIELDS
 
 CURVES = ("naive", "aligned")
@@ -331,6 +332,10 @@ def measure_connectivity(
         )
     endpoint_a = [p.detach().clone() for p in model.parameters()]
     endpoints = {"naive": list(reference.parameters()), "aligned": list(aligned.parameters())}
+    # With the extended group the aligned model is folded: its curve starts from end point A folded alike.
+    starts = {"naive": endpoint_a, "aligned": endpoint_a}
+    if report.folded is not None:
+        starts["aligned"] = [p.detach() for p in target_frame(model, report).parameters()]  # a copy of A
     identity = {
         "model_fingerprint": fingerprint(endpoint_a),
         "reference_fingerprint": fingerprint(endpoints["naive"]),
@@ -357,7 +362,7 @@ def measure_connectivity(
     for curve in CURVES:
         points = sweep(
             model,
-            endpoint_a,
+            starts[curve],
             endpoints[curve],
             lambda per_cluster: evaluation.sums(device, per_cluster),
             alphas,
@@ -365,10 +370,14 @@ def measure_connectivity(
             curve,
             hooks.write,
             hooks.progress,
-            # end point A is the naive curve's first point: each aligned curve reuses it
-            start=None if curve == "naive" else (stores["naive"], "naive"),
+            # end point A is the naive curve's first point: each aligned curve from the same weights reuses it
+            start=None if curve == "naive" or report.folded is not None else (stores["naive"], "naive"),
         )
         curves[curve] = {"points": points, **barriers(points)}
+    if report.folded is not None:  # the last curve left model holding A folded: give it its own weights back
+        with torch.no_grad():
+            for parameter, own in zip(model.parameters(), endpoint_a):
+                parameter.copy_(own)
     return {
         **identity,
         "key": key,

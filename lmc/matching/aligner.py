@@ -24,6 +24,7 @@ from lmc.matching.layers import (
     align_feed_forward_layer,
     attention_stage1,
     axes_distance,
+    best_rotation,
     layer_distance,
     signed_units,
     stacked_copies,
@@ -33,7 +34,11 @@ from lmc.matching.midpoint import midpoint_cost
 from lmc.matching.permutation import axis_correlation
 from lmc.matching.results import AlignmentError, AlignmentReport, LayerAlignment
 from lmc.matching.stage2 import attention_stages
-from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec, compute_dtype
+from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec, compute_dtype, residual_group
+
+ROTATION_GAIN = 1e-10
+"""A residual rotation step that raises the summed correlation by less than this fraction of it changes nothing:
+the coordinate descent stops there (a planted rotation is found to rounding, about 1e-15, in one step)."""
 
 
 @dataclass
@@ -77,6 +82,8 @@ class WeightDescent:
         self.parameters, self.target, self.original = parameters, target, original
         self.spec, self.report, self.options, self.dtype = spec, report, report.options, dtype
         self.moments: dict[str, PairedMoment] = {}
+        group = residual_group(spec) if self.options.residual == "orthogonal" else None
+        self.rotation = group if group is not None and group.rotates else None
 
     def require_finite(self, finite: bool, what: str) -> None:
         require_finite(finite, what, self.dtype)
@@ -198,7 +205,14 @@ class WeightDescent:
     def permute_residual(self, correlation: ResidualCorrelation) -> bool:
         """The residual step on its weight ``correlation`` (over the axes the caller chose, summed as it reads
         them: a streamed round adds it up block by block), signs included where the stream has them; whether the
-        element changed."""
+        element changed. With rotations (``residual="orthogonal"``) the step is orthogonal Procrustes on the part of
+        the correlation over every axis but the folded gains, which no rotation moves; it counts as a change when it
+        raises the summed correlation by more than :data:`ROTATION_GAIN` of it."""
+        if self.rotation is not None:
+            rotation, gain = best_rotation(correlation.flipped, self.rotation, self.dtype)
+            if gain > ROTATION_GAIN:
+                self.apply(ModelTransform(residual_rotation=rotation))
+            return gain > ROTATION_GAIN
         perm, signs = self.best_units(self.spec.residual, correlation.whole, correlation.unsigned)
         if perm is not None or signs is not None:
             self.apply(ModelTransform(residual=perm, residual_signs=signs))
@@ -251,6 +265,30 @@ class WeightDescent:
                 permutation.name, kind, assignment, distance=distance, seconds=seconds_taken, flipped=flipped
             )
         )
+
+    def record_rotation(self, seconds: float) -> None:
+        """Report the residual element found with rotations: its nearest signed permutation (assignment, flips)
+        and how far the element is from it (:attr:`LayerAlignment.rotation`)."""
+        residual = self.spec.residual
+        matrix = self.report.transform.residual_matrix(residual.size)
+        perm = matrix.abs().argmax(dim=1)
+        signs = torch.sign(matrix[torch.arange(residual.size), perm])
+        nearest = torch.zeros_like(matrix)
+        nearest[torch.arange(residual.size), perm] = signs
+        distance = {
+            "naive": axes_distance(self.original, self.target, residual.axes),
+            "permutation": axes_distance(self.parameters, self.target, residual.axes),
+        }
+        record = LayerAlignment(
+            residual.name,
+            "residual",
+            torch.argsort(perm).tolist(),
+            distance=distance,
+            seconds={"match": seconds},
+            flipped=int((signs < 0).sum()),
+            rotation=float(torch.linalg.matrix_norm(matrix - nearest)) / residual.size**0.5,
+        )
+        self.report.layers.append(record)
 
 
 class Aligner(WeightDescent):
@@ -467,7 +505,9 @@ def coordinate_descent(
         aligner.record_permutation(hidden, "task_head", perm, seconds, signs)
     if spec.tokens is not None:
         aligner.record_tokens(seconds)
-    if spec.residual is not None:
+    if spec.residual is not None and transform.residual_rotation is not None:
+        aligner.record_rotation(seconds)
+    elif spec.residual is not None:
         aligner.record_permutation(spec.residual, "residual", transform.residual, seconds, transform.residual_signs)
 
 

@@ -15,18 +15,19 @@ from the units' correlations on calibration batches, which no other symmetry cha
 
 from __future__ import annotations
 
+import copy
 import time
 
 from torch import nn
 
-from lmc.adapters import scope_parameters
+from lmc.adapters import model_spec, scope_parameters
 from lmc.matching.aligner import Aligner, weight_alignment
 from lmc.matching.calibration import Calibration
 from lmc.matching.checks import check_head_orders, check_pair, check_probe, probe_error
 from lmc.matching.layers import axes_distance
 from lmc.matching.options import AlignOptions, checked_options
 from lmc.matching.results import AlignmentReport
-from lmc.symmetry import Scope, scope_blocks
+from lmc.symmetry import Scope, SymmetrySpec, fold_parameters_, residual_group, scope_blocks
 
 
 def align(
@@ -76,6 +77,9 @@ def align(
     spec = check_pair(source, target, scope)
     dtype = next(source.parameters()).dtype
     report = AlignmentReport.start(scope, options, dtype)
+    given = source
+    if options.residual == "orthogonal":
+        source, target = fold_pair(source, target, spec, report)
     rtol = report.check_rtol
     if options.data_aware:
         report.calibration = calibration.identity() | {"batches": len(calibration.batches)}
@@ -101,8 +105,42 @@ def align(
         "naive": axes_distance(aligner.original, aligner.target, scoped),
         "aligned": axes_distance(aligner.parameters, aligner.target, scoped),
     }
-    report.probe_relative_error = probe_error(source, aligner.working, options.probe_batch_size, options.seed)
+    report.probe_relative_error = probe_error(given, aligner.working, options.probe_batch_size, options.seed)
     what = f"model (adapter for {type(source).__name__}, scope {scope!r}, method {options.method!r})"
     check_probe(report.probe_relative_error, rtol, dtype, options.check_rtol is None, what)
     report.seconds = time.perf_counter() - started
     return aligner.working, report
+
+
+def fold_pair(
+    source: nn.Module, target: nn.Module, spec: SymmetrySpec, report: AlignmentReport
+) -> tuple[nn.Module, nn.Module]:
+    """Both models with their foldable norms folded (``residual="orthogonal"``), the fold and the residual group
+    recorded in ``report``; refused outside ``full_model``, the only scope that moves the stream."""
+    if report.scope != "full_model":
+        raise ValueError(
+            f"residual='orthogonal' rotates the residual stream by weight, which scope {report.scope!r} does not "
+            "align: use scope='full_model', or residual='permutation'"
+        )
+    group = residual_group(spec)
+    report.residual_group = "none" if group is None else group.name + (f" ({group.reason})" if group.reason else "")
+    (folded_source, report.folded), (folded_target, _) = folded(source, spec), folded(target, spec)
+    return folded_source, folded_target
+
+
+def target_frame(target: nn.Module, report: AlignmentReport) -> nn.Module:
+    """The target in the frame ``report``'s aligned model was brought to: ``target`` itself, or with
+    ``residual="orthogonal"`` a copy with the same norms folded (the same function), which the merges and the
+    aligned interpolation then start from."""
+    if report.folded is None:
+        return target
+    copied = copy.deepcopy(target)
+    parameters = dict(copied.named_parameters())
+    fold_parameters_(parameters, tuple(fold for fold in model_spec(target).folds if fold.norm in report.folded))
+    return copied
+
+
+def folded(model: nn.Module, spec: SymmetrySpec) -> tuple[nn.Module, list[str]]:
+    """A copy of ``model`` with ``spec``'s foldable norms folded (``lmc.adapters.fold_norms``), and the norms folded."""
+    copied = copy.deepcopy(model)
+    return copied, fold_parameters_(dict(copied.named_parameters()), spec.folds)

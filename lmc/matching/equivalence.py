@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from lmc.adapters import scope_parameters
-from lmc.matching.alignment import align
+from lmc.matching.alignment import align, folded
 from lmc.matching.checks import buffer_differences, check_pair, identical, probe_error, setting_differences
 from lmc.matching.options import AlignOptions
 from lmc.matching.results import AlignmentReport, dtype_name
@@ -241,8 +241,11 @@ def _entry_checks(
     transform: ModelTransform,
     dtype: torch.dtype,
     roundings: float,
+    summed: int | None = None,
 ) -> tuple[dict[str, int], dict[str, float]]:
-    """Per parameter, entries beyond their bound and the largest rounding ratio of its computed entries."""
+    """Per parameter, entries beyond their bound and the largest rounding ratio of its computed entries; with
+    ``summed`` (the extended group: folded norms and a rotation of the stream) every entry may be computed, by sums
+    of that many terms, and is held to its rounding bound with ``s`` the RMS of the whole parameter."""
     beyond = dict.fromkeys(targets, 0)
     ratios: dict[str, float] = {}
     patched: dict[str, torch.Tensor] = {}  # values whose computed entries are replaced by b's
@@ -268,8 +271,14 @@ def _entry_checks(
         patched.update(copies)
     for name, target in targets.items():
         value = patched.get(name, values[name])
-        if not identical(value, target):
+        if identical(value, target):
+            continue
+        if summed is None:
             beyond[name] += int((value.detach() != target.detach()).sum())
+            continue
+        ratio = rounding_ratio(value.detach()[None], target[None], summed, dtype)
+        ratios[name] = max(ratios.get(name, 0.0), float(ratio.max()))
+        beyond[name] += int((ratio > roundings).sum())
     return beyond, ratios
 
 
@@ -322,7 +331,9 @@ def equivalent(
     free = set(scope_parameters(a, scope, spec))
     grafted = _with_frozen_from(a, b, free)
     aligned, report = align(grafted, b, scope=scope, options=options)
-    transform = report.transform
+    transform, rotated = report.transform, report.folded is not None
+    if rotated:  # the extended group compares the folded models: the fold is part of the alignment
+        (grafted, _), (b_compared, _) = folded(grafted, spec), folded(b, spec)
     if report.distance["aligned"] >= report.distance["naive"]:
         # The search came no nearer b than the identity, which is in every group: judge the identity, so that
         # equal weights stay bitwise equal (the solves would round them) and are equivalent at any tolerance.
@@ -339,9 +350,11 @@ def equivalent(
     )
 
     moved, original = dict(aligned.named_parameters()), dict(a.named_parameters())
-    targets = {n: p.detach() for n, p in b.named_parameters()}
+    targets = {n: p.detach() for n, p in (b_compared if rotated else b).named_parameters()}
     values = {n: (moved[n] if n in free else original[n]).detach() for n in targets}
-    beyond, ratios = _entry_checks(values, targets, spec, transform, dtype, tolerance.roundings)
+    # A rotation of the stream (or the fold) computes every entry it moves: sums over the stream's width.
+    summed = spec.residual.size if rotated and spec.residual is not None else None
+    beyond, ratios = _entry_checks(values, targets, spec, transform, dtype, tolerance.roundings, summed)
     squared = {  # parameter -> (squared difference, squared norm of b's)
         n: (float((values[n].double() - t.double()).pow(2).sum()), float(t.double().pow(2).sum()))
         for n, t in targets.items()
@@ -376,6 +389,8 @@ def _verdict(
 ) -> tuple[bool, str]:
     """Whether the pair is equivalent, and the one line saying why."""
     tolerance, scope = result.tolerance, result.scope
+    if result.report.folded is not None:  # the extended group: named with its residual part
+        scope = f"{scope} (folded, residual {result.report.residual_group})"
     weights_match = not any(result.beyond_bound.values())
     outputs_match = result.output_residual <= tolerance.output
     outputs = f"{result.output_residual:.2g} on the probe"

@@ -24,7 +24,9 @@ from lmc.symmetry import (
     AttentionTransform,
     AxisPermutation,
     ModelTransform,
+    ResidualGroup,
     SymmetrySpec,
+    centered_basis,
     compute_dtype,
     head_rows,
 )
@@ -228,6 +230,31 @@ def signed_units(
             best = (value, perm, sign)
     _, perm, sign = best
     return perm, torch.full((permutation.size,), sign, dtype=torch.float64)
+
+
+def best_rotation(correlation: torch.Tensor, group: ResidualGroup, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+    """The rotation ``Q`` ``(d, d)`` (float64) of ``group`` maximizing ``sum_ij Q[i, j] correlation[j, i]`` (the
+    residual correlation, source coordinate ``j`` against target coordinate ``i``): orthogonal Procrustes, ``U V^T``
+    from the SVD of ``correlation^T``; for the centered group, the all-ones direction goes to the sign of its own
+    correlation and its complement is solved alone (docs/spec.md, section 3, "Rotations").
+
+    Returns:
+        ``(Q, gain)``: ``gain`` is how much ``Q`` raises the summed correlation over the identity's, relative to
+        the largest value (``>= 0``; 0 when the identity is already best).
+    """
+    require_finite(all_finite(correlation), "residual: the weight correlation", dtype)
+    wanted = correlation.T.double().cpu()
+    if group.centered:
+        basis = centered_basis(group.width)
+        turned = basis.T @ wanted @ basis
+        left, _, right = torch.linalg.svd(turned[1:, 1:])
+        sign = torch.tensor([[-1.0 if turned[0, 0] < 0 else 1.0]], dtype=torch.float64)
+        rotation = basis @ torch.block_diag(sign, left @ right) @ basis.T
+    else:
+        left, _, right = torch.linalg.svd(wanted)
+        rotation = left @ right
+    best, kept = float((rotation * wanted).sum()), float(torch.trace(wanted))
+    return rotation, max(best - kept, 0.0) / max(abs(best), torch.finfo(torch.float64).tiny)
 
 
 def align_feed_forward_layer(

@@ -16,10 +16,12 @@ Method = Literal["naive", "permutation", "orthogonal", "full", "learned"]
 Metric = Literal["invariant", "weight", "correlation", "activation", "midpoint", "balanced", "rotary"]
 Objective = Literal["weight", "data"]
 UnitMatching = Literal["weight", "activation"]
+Residual = Literal["permutation", "orthogonal"]
 METHODS: tuple[str, ...] = get_args(Method)
 METRICS: tuple[str, ...] = get_args(Metric)
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 UNIT_MATCHINGS: tuple[str, ...] = get_args(UnitMatching)
+RESIDUALS: tuple[str, ...] = get_args(Residual)
 #: The fields that matter only to a data-aware alignment (see :attr:`AlignOptions.data_aware`).
 DATA_FIELDS: tuple[str, ...] = ("objective", "unit_matching", "calibration_batches")
 #: ``calibration_batches`` that reads every batch of the calibration.
@@ -72,6 +74,14 @@ class AlignOptions:
     its down projection, the residual stream at the input of every norm on it; units of different
     permutations do not interact, so each is solved once). Needs a calibration; the other scopes
     have no such units and ignore it."""
+
+    residual: Residual = "permutation"
+    """The residual stream's group under ``full_model``: ``permutation`` (the model as stored: permutations of
+    the coordinates with the signs the norms allow) or ``orthogonal`` (both models' foldable norms folded first,
+    ``lmc.adapters.fold_norms``, then the rotations the family allows: ``O(d)`` for RMSNorm streams, the ``Q``
+    with ``Q 1 = +-1`` for LayerNorm ones, the signed permutations where a gain that does not fold forbids a
+    rotation; solved by orthogonal Procrustes in the coordinate descent; the aligned model is the folded
+    source transformed). docs/spec.md, section 2, "Rotations of the stream"."""
 
     calibration_batches: int | Literal["all"] = 8
     """Calibration batches (from the training split) that data-aware settings read; ``"all"``: every
@@ -160,9 +170,16 @@ class AlignOptions:
             ("metric", METRICS),
             ("objective", OBJECTIVES),
             ("unit_matching", UNIT_MATCHINGS),
+            ("residual", RESIDUALS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")
+        if self.residual == "orthogonal" and self.unit_matching == "activation":
+            # activation matching correlates the stream's coordinates one by one: a permutation, not a rotation
+            raise ValueError(
+                "residual='orthogonal' rotates the residual stream by weight, which unit_matching='activation' does "
+                "not do: use unit_matching='weight' with it, or residual='permutation'"
+            )
         for name, least in (
             ("steps", 0),
             ("max_iterations", 0),

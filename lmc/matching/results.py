@@ -42,6 +42,9 @@ class LayerAlignment:
         seconds: Time spent per stage.
         flipped: Units whose sign the element flips, for units with a sign group (the residual stream of an
             RMSNorm or LayerNorm model, a tanh pooler's units: docs/spec.md, section 2); ``None`` otherwise.
+        rotation: For a residual element with rotations (``residual="orthogonal"``), its Frobenius distance from
+            the nearest signed permutation (``assignment`` and ``flipped``) over ``sqrt(d)``: 0 for a signed
+            permutation, about 1.4 for a rotation far from every one; ``None`` otherwise.
     """
 
     name: str
@@ -52,6 +55,7 @@ class LayerAlignment:
     distance: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     flipped: int | None = None
+    rotation: float | None = None
 
 
 @dataclass
@@ -76,6 +80,11 @@ class AlignmentReport:
         learned: What ``method="learned"`` did (:meth:`~lmc.matching.learned.LearnedAlignment.to_dict`:
             the fixed objective at ``full``'s element and at the returned one, its history, steps
             and seconds); ``None`` for the other methods.
+        folded: With ``residual="orthogonal"``, the norms folded into their readers in both models before
+            aligning (``lmc.adapters.fold_norms``: the aligned model is the folded source transformed, to compare
+            with the folded target); ``None`` otherwise.
+        residual_group: With ``residual="orthogonal"``, the residual group used (``O(d)``, ``O(d-1) x Z2`` or the
+            signed permutations) and, where it has no rotation, why; ``None`` otherwise.
     """
 
     scope: Scope
@@ -91,6 +100,8 @@ class AlignmentReport:
     calibration: dict[str, Any] | None = None
     calibration_seconds: float = 0.0
     learned: dict[str, Any] | None = None
+    folded: list[str] | None = None
+    residual_group: str | None = None
 
     @classmethod
     def start(cls, scope: Scope, options: AlignOptions, dtype: torch.dtype) -> AlignmentReport:
@@ -112,6 +123,8 @@ class AlignmentReport:
             "calibration": self.calibration,
             "calibration_seconds": self.calibration_seconds,
             "learned": self.learned,
+            "folded": self.folded,
+            "residual_group": self.residual_group,
             "layers": [vars(layer) for layer in self.layers],
         }
 

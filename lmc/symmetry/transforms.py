@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lmc.symmetry.groups import QKGroup, TiedGroup, general_linear, rotary_commutant, sign_flips
+from lmc.symmetry.rotations import residual_group, rotate_axes, sample_rotation
 from lmc.symmetry.spec import AttentionSpec, AxisPermutation, Scope, SymmetrySpec, scope_blocks
 from lmc.symmetry.weights import AttentionWeights, read_attention, write_attention
 
@@ -223,6 +224,9 @@ class ModelTransform:
         residual_signs: Signs ``(d,)`` of ``+-1`` of the residual coordinates after ``residual``, or ``None`` (all
             ``+1``).
         task_head_signs: Index into ``spec.task_heads`` -> signs of that head's units after its permutation.
+        residual_rotation: An orthogonal ``Q`` ``(d, d)`` (float64) applied to the residual coordinates after
+            ``residual`` and ``residual_signs`` (:func:`~lmc.symmetry.rotations.rotate_axes`), or ``None``: an element
+            of the extended group, a symmetry only once the norms are folded (:mod:`lmc.symmetry.rotations`).
     """
 
     attention: dict[int, AttentionTransform] = field(default_factory=dict)
@@ -232,6 +236,7 @@ class ModelTransform:
     tokens: torch.Tensor | None = None
     residual_signs: torch.Tensor | None = None
     task_head_signs: dict[int, torch.Tensor] = field(default_factory=dict)
+    residual_rotation: torch.Tensor | None = None
 
     @property
     def residual_flips(self) -> int:
@@ -252,15 +257,31 @@ class ModelTransform:
             i: _chain_signs(self.task_head_signs.get(i), then.task_heads.get(i), then.task_head_signs.get(i))
             for i in sorted(self.task_head_signs.keys() | then.task_head_signs.keys())
         }
+        residual = _chain(self.residual, then.residual)
+        residual_signs = _chain_signs(self.residual_signs, then.residual, then.residual_signs)
+        rotation = None
+        if self.residual_rotation is not None or then.residual_rotation is not None:
+            # A rotation does not commute with a permutation: the whole residual element as one matrix.
+            rotation = then.residual_matrix(spec.residual.size) @ self.residual_matrix(spec.residual.size)
+            residual = residual_signs = None
         return ModelTransform(
             attention,
             chain_each(self.feed_forward, then.feed_forward),
             chain_each(self.task_heads, then.task_heads),
-            _chain(self.residual, then.residual),
+            residual,
             _chain(self.tokens, then.tokens),
-            _chain_signs(self.residual_signs, then.residual, then.residual_signs),
+            residual_signs,
             head_signs,
+            rotation,
         )
+
+    def residual_matrix(self, width: int) -> torch.Tensor:
+        """The residual element as one matrix ``(d, d)`` (float64): ``x -> Q S P x``."""
+        perm = torch.arange(width) if self.residual is None else self.residual.cpu()
+        signs = torch.ones(width, dtype=torch.float64) if self.residual_signs is None else self.residual_signs
+        matrix = torch.zeros(width, width, dtype=torch.float64)
+        matrix[torch.arange(width), perm] = signs.cpu().double()
+        return matrix if self.residual_rotation is None else self.residual_rotation.cpu().double() @ matrix
 
     def apply_(self, parameters: Mapping[str, torch.Tensor], spec: SymmetrySpec, partial: bool = False) -> None:
         """Transform the parameters in place (``dict(model.named_parameters())``).
@@ -285,10 +306,13 @@ class ModelTransform:
         for index in sorted(self.task_heads.keys() | self.task_head_signs.keys()):
             head = spec.task_heads[index]
             permute_axes(parameters, head, self.task_heads.get(index), partial, self.task_head_signs.get(index))
-        if self.residual is not None or self.residual_signs is not None:
+        if self.residual is not None or self.residual_signs is not None or self.residual_rotation is not None:
             if spec.residual is None:
                 raise ValueError(f"this model has no residual-stream symmetry: {spec.residual_note}")
-            permute_axes(parameters, spec.residual, self.residual, partial, self.residual_signs)
+            if self.residual is not None or self.residual_signs is not None:
+                permute_axes(parameters, spec.residual, self.residual, partial, self.residual_signs)
+            if self.residual_rotation is not None:
+                rotate_axes(parameters, spec.residual, self.residual_rotation, partial)
         if self.tokens is not None:
             if spec.tokens is None:
                 raise ValueError("this model has no learned tokens that permute")
@@ -318,9 +342,12 @@ def sample_attention_transform(
     )
 
 
-def sample_transform(spec: SymmetrySpec, scope: Scope, generator: torch.Generator) -> ModelTransform:
+def sample_transform(
+    spec: SymmetrySpec, scope: Scope, generator: torch.Generator, rotate: bool = False
+) -> ModelTransform:
     """A random element of the scope's symmetry group (float64 matrices), signs included where a unit
-    permutation has them (:func:`sample_signs`)."""
+    permutation has them (:func:`sample_signs`); with ``rotate``, for ``full_model``, a rotation of the stream
+    from the group its family allows once folded (:func:`~lmc.symmetry.rotations.residual_group`) after them."""
     attention, feed_forward, whole = scope_blocks(spec, scope)
     transform = ModelTransform()
     for i in attention:
@@ -335,6 +362,8 @@ def sample_transform(spec: SymmetrySpec, scope: Scope, generator: torch.Generato
         if spec.residual is not None:
             transform.residual = torch.randperm(spec.residual.size, generator=generator)
             transform.residual_signs = sample_signs(spec.residual, generator)
+            if rotate and (group := residual_group(spec)).rotates:
+                transform.residual_rotation = sample_rotation(group, generator)
         if spec.tokens is not None:
             transform.tokens = torch.randperm(spec.tokens.size, generator=generator)
     return transform

@@ -451,3 +451,38 @@ def test_check_alphas_keeps_the_first_of_repeats_and_names_bad_values():
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match=r"merge alphas must lie in \[0, 1\]"):
             check_alphas([0.5, bad], "merge alphas")
+
+
+def test_with_the_extended_group_the_aligned_curve_runs_from_end_point_a_folded():
+    """residual='orthogonal' aligns the folded models: the aligned curve starts at A folded (the same function),
+    its midpoint is that of A folded and the aligned model, and A gets its own weights back."""
+    from torch.utils.data import DataLoader, Subset
+
+    from lmc.adapters import fold_norms
+    from lmc.connectivity import Evaluation, measure_connectivity
+    from lmc.data import Digits
+    from lmc.matching import AlignOptions, align
+    from lmc.matching.merge import interpolate
+    from lmc.training import LMCModule
+
+    data = Digits()
+    module, other = LMCModule("reference-vit-tiny", data=data.info), LMCModule("reference-vit-tiny", data=data.info)
+    batches = DataLoader(Subset(data.split("val"), range(20)), batch_size=20)
+    evaluation = Evaluation(module.metric_sums, batches, "val", {}, {})
+    options, alphas = AlignOptions(method="permutation", residual="orthogonal"), [0.0, 0.5, 1.0]
+    own = [p.detach().clone() for p in module.model.parameters()]
+
+    result = measure_connectivity(module.model, other.model, "full_model", options, alphas, evaluation)
+
+    assert all(torch.equal(p, q) for p, q in zip(module.model.parameters(), own))
+    naive, aligned = (result["curves"][curve]["points"] for curve in ("naive", "aligned"))
+    for end in (0, -1):  # the same functions at both ends, to float32 rounding
+        assert aligned[end]["loss"] == pytest.approx(naive[end]["loss"], rel=1e-5)
+    aligned_model, _ = align(other.model, module.model, "full_model", options)
+    with torch.no_grad():
+        for p, a, b in zip(
+            module.model.parameters(), fold_norms(module.model).parameters(), aligned_model.parameters()
+        ):
+            p.copy_(interpolate(a, b, 0.5))
+    sums = evaluate(module.metric_sums, batches, torch.device("cpu"))
+    assert point_metrics({name: float(value) for name, value in sums.items()})["loss"] == aligned[1]["loss"]
