@@ -89,6 +89,9 @@ class DecoderLayout:
         mlp_inputs: Attributes of the FFN's input ``nn.Linear``: gate and up (they move together),
             or the one up projection of a non-gated FFN.
         mlp_output: Attribute of the FFN's down ``nn.Linear``.
+        mlp_value: A gated FFN's value branch, the input the gate's activation multiplies: ``(attribute, copy)``
+            (``copy`` of a fused ``[gate | up]``, ``None`` for a Linear of its own); its units scale freely
+            (docs/spec.md, section 2, "FFN unit scales"). ``None`` for a non-gated FFN.
         mlp_bias: Whether the FFN's Linears have biases.
         norm: ``"rms"``: ``<family>RMSNorm`` (a gain); ``"layer"``: ``torch.nn.LayerNorm`` (gain and bias).
         norms: Attributes of a layer's norms on residual coordinates: its two pre-norms (before
@@ -134,6 +137,7 @@ class DecoderLayout:
     mlp: str = "mlp"
     mlp_inputs: tuple[str, ...] = ("gate_proj", "up_proj")
     mlp_output: str = "down_proj"
+    mlp_value: tuple[str, int | None] | None = ("up_proj", None)
     mlp_bias: BiasRule = False
     norm: Literal["rms", "layer"] = "rms"
     norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
@@ -210,7 +214,10 @@ class DecoderAdapter(CausalLMAdapter):
                 attention = dataclasses.replace(attention, **gains)
             inputs = tuple(f"{p}.{layout.mlp}.{x}" for x in layout.mlp_inputs)
             output = f"{p}.{layout.mlp}.{layout.mlp_output}"
-            feed_forward = linear_feed_forward(index, f"{p}.{layout.mlp}", inputs, output, c.intermediate_size)
+            value = (
+                None if layout.mlp_value is None else (f"{p}.{layout.mlp}.{layout.mlp_value[0]}", layout.mlp_value[1])
+            )
+            feed_forward = linear_feed_forward(index, f"{p}.{layout.mlp}", inputs, output, c.intermediate_size, value)
             blocks.append(BlockSpec(attention, feed_forward))
             norms = [f"{p}.{norm}" for norm in layout.norms]
             residual += [axis for norm in norms for axis in index.elementwise(norm)]
@@ -401,6 +408,7 @@ class Phi3Adapter(DecoderAdapter):
         fused_qkv=True,
         fused_layout="blocks",
         mlp_inputs=("gate_up_proj",),
+        mlp_value=("gate_up_proj", 1),  # gate, up = gate_up_proj(x).chunk(2)
         rotary_fraction="partial_rotary_factor",
         sliding_window="sliding_window",
     )
@@ -420,6 +428,7 @@ class GPTNeoXAdapter(DecoderAdapter):
         out_bias="attention_bias",
         mlp_inputs=("dense_h_to_4h",),
         mlp_output="dense_4h_to_h",
+        mlp_value=None,  # GELU: no unit scale
         mlp_bias=True,
         norm="layer",
         final_norm="gpt_neox.final_layer_norm",

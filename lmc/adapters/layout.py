@@ -9,7 +9,7 @@ from torch import nn
 
 from lmc.adapters.base import UnsupportedModelError
 from lmc.symmetry.folds import NormFold, Reader
-from lmc.symmetry.spec import AttentionSpec, AxisPermutation, FeedForwardSpec, HeadSlot, RotaryLayout
+from lmc.symmetry.spec import AttentionSpec, AxisPermutation, FeedForwardSpec, HeadSlot, RotaryLayout, UnitScales
 
 Axes = list[tuple[str, int]]
 
@@ -193,13 +193,28 @@ def _fused_attention(
 
 
 def linear_feed_forward(
-    index: ParameterIndex, name: str, inputs: tuple[str, ...], output: str, hidden: int
+    index: ParameterIndex,
+    name: str,
+    inputs: tuple[str, ...],
+    output: str,
+    hidden: int,
+    value: tuple[str, int | None] | None = None,
 ) -> FeedForwardSpec:
-    """An FFN of ``nn.Linear`` layers: ``inputs`` (up, and gate if gated) and ``output`` (down)."""
+    """An FFN of ``nn.Linear`` layers: ``inputs`` (up, and gate if gated) and ``output`` (down).
+
+    ``value`` names a gated FFN's value branch, ``(input, copy)``: the input Linear whose output the gate's
+    activation multiplies (``copy``: which stacked copy of a fused ``[gate | up]`` it is, ``None`` for a Linear
+    of its own). Its units then scale by any non-zero number, inversely in ``output`` (:class:`UnitScales`).
+    """
     axes = [axis for prefix in inputs for axis in index.linear_writes(prefix)] + index.linear_reads(output)
     owned = [parameter for parameter, _ in axes] + [p for p in [index.optional(f"{output}.bias")] if p]
     permutation = AxisPermutation(name, hidden, tuple(axes), readers=(output,), writers=inputs)
-    return FeedForwardSpec(permutation, tuple(dict.fromkeys(owned)))
+    scales = None
+    if value is not None:
+        scaled = tuple(index.linear_writes(value[0]))
+        copies = () if value[1] is None else tuple((axis, value[1]) for axis in scaled)
+        scales = UnitScales("nonzero", scaled, tuple(index.linear_reads(output)), copies)
+    return FeedForwardSpec(permutation, tuple(dict.fromkeys(owned)), scales)
 
 
 def rotary_from_cos_sin(kind: str, pairs: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> RotaryLayout:

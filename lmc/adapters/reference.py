@@ -47,7 +47,10 @@ class ReferenceAdapter(ModelAdapter):
                 rotary=rotary,
             )
             inputs = (f"{prefix}.mlp.up_proj",) + ((f"{prefix}.mlp.gate_proj",) if c.mlp == "swiglu" else ())
-            feed_forward = linear_feed_forward(index, f"{prefix}.mlp", inputs, f"{prefix}.mlp.down_proj", c.mlp_hidden)
+            value = (f"{prefix}.mlp.up_proj", None) if c.mlp == "swiglu" else None  # silu(gate(x)) * up(x)
+            feed_forward = linear_feed_forward(
+                index, f"{prefix}.mlp", inputs, f"{prefix}.mlp.down_proj", c.mlp_hidden, value
+            )
             blocks.append(BlockSpec(attention, feed_forward))
             residual += index.elementwise(f"{prefix}.attn_norm") + index.elementwise(f"{prefix}.mlp_norm")
             residual += [axis for p in projections[:3] for axis in index.linear_reads(p)]

@@ -199,9 +199,17 @@ def _vision_spec(
         attention, attention_axes = _attention(index, f"{prefix}.attn", block.attn, width, pe, rotary)
         # SwiGLU has separate gate and value Linears; GluMlp stacks [value | gate] in fc1.
         inputs = (f"{prefix}.mlp.fc1_g", f"{prefix}.mlp.fc1_x") if type(mlp) is SwiGLU else (f"{prefix}.mlp.fc1",)
-        feed_forward = linear_feed_forward(index, f"{prefix}.mlp", inputs, f"{prefix}.mlp.fc2", mlp.fc2.in_features)
-        # A norm inside the MLP (scale_mlp) is permutation-equivariant: its parameters move with the hidden units.
+        # A norm inside the MLP (scale_mlp) is permutation-equivariant: its parameters move with the hidden units,
+        # but it does not commute with a unit's scale. Otherwise a gated unit's value branch scales freely.
         hidden_norm = index.elementwise(f"{prefix}.mlp.norm")
+        value = None
+        if type(mlp) is SwiGLU and not hidden_norm:
+            value = (f"{prefix}.mlp.fc1_x", None)  # act(fc1_g(x)) * fc1_x(x)
+        elif type(mlp) is GluMlp and not hidden_norm:
+            value = (f"{prefix}.mlp.fc1", 0 if mlp.gate_last else 1)  # [value | gate] by default
+        feed_forward = linear_feed_forward(
+            index, f"{prefix}.mlp", inputs, f"{prefix}.mlp.fc2", mlp.fc2.in_features, value
+        )
         if hidden_norm:
             hidden = feed_forward.hidden
             hidden = dataclasses.replace(hidden, axes=hidden.axes + tuple(hidden_norm))

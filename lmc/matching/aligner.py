@@ -8,6 +8,7 @@ tokens' by weight, whatever the unit matching).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from lmc.matching.learned import LearnedAlignment, learn_attention
 from lmc.matching.midpoint import midpoint_cost
 from lmc.matching.permutation import axis_correlation
 from lmc.matching.results import AlignmentError, AlignmentReport, LayerAlignment
+from lmc.matching.scales import SCALE_GAIN, best_scales, signed_parts
 from lmc.matching.stage2 import attention_stages
 from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec, compute_dtype, residual_group
 
@@ -173,11 +175,33 @@ class WeightDescent:
         return perm, None if signs is None or bool((signs > 0).all()) else signs
 
     def permute_feed_forward(self, index: int) -> bool:
-        hidden = self.spec.blocks[index].feed_forward.hidden
+        feed_forward = self.spec.blocks[index].feed_forward
+        if self.options.unit_scales and feed_forward.scales is not None:
+            return self.scale_feed_forward(index)
+        hidden = feed_forward.hidden
         perm, _ = self.best_units(hidden, self.unit_correlation(hidden))  # FFN units have no sign group
         if perm is not None:
             self.apply(ModelTransform(feed_forward={index: perm}))
         return perm is not None
+
+    def scale_feed_forward(self, index: int) -> bool:
+        """The FFN step with the units' scales (``unit_scales``): the assignment with their signs (a sign flips the
+        value branch's and the down projection's entries, not the gate's), then each unit's scale in closed form
+        (:func:`~lmc.matching.scales.best_scales`); whether the element changed."""
+        feed_forward = self.spec.blocks[index].feed_forward
+        flipped, fixed = signed_parts(feed_forward)
+        unsigned = self.unit_correlation(fixed)
+        signs = "each" if feed_forward.scales.group == "nonzero" else "none"
+        units = dataclasses.replace(feed_forward.hidden, signs=signs, unsigned=())
+        perm, flips = self.best_units(units, self.unit_correlation(flipped) + unsigned, unsigned)
+        changed = perm is not None or flips is not None
+        if changed:
+            scaled = {} if flips is None else {index: flips}
+            self.apply(ModelTransform(feed_forward={} if perm is None else {index: perm}, feed_forward_scales=scaled))
+        factors, gain = best_scales(self.parameters, self.target, feed_forward)
+        if gain > SCALE_GAIN:
+            self.apply(ModelTransform(feed_forward_scales={index: factors}))
+        return changed or gain > SCALE_GAIN
 
     def permute_task_head(self, index: int) -> bool:
         hidden = self.spec.task_heads[index]

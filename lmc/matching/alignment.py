@@ -78,6 +78,11 @@ def align(
     dtype = next(source.parameters()).dtype
     report = AlignmentReport.start(scope, options, dtype)
     given = source
+    if options.unit_scales and scope != "full_model":
+        raise ValueError(
+            f"unit_scales=True scales the FFN units inside the whole-model descent, which scope {scope!r} does not "
+            "run: use scope='full_model', or unit_scales=False"
+        )
     if options.residual == "orthogonal":
         source, target = fold_pair(source, target, spec, report)
     rtol = report.check_rtol

@@ -352,8 +352,11 @@ def equivalent(
     moved, original = dict(aligned.named_parameters()), dict(a.named_parameters())
     targets = {n: p.detach() for n, p in (b_compared if rotated else b).named_parameters()}
     values = {n: (moved[n] if n in free else original[n]).detach() for n in targets}
-    # A rotation of the stream (or the fold) computes every entry it moves: sums over the stream's width.
+    # A rotation of the stream (or the fold) computes every entry it moves, sums over the stream's width; a unit's
+    # scale computes each of its entries with one product.
     summed = spec.residual.size if rotated and spec.residual is not None else None
+    if summed is None and transform.feed_forward_scales:
+        summed = 1
     beyond, ratios = _entry_checks(values, targets, spec, transform, dtype, tolerance.roundings, summed)
     squared = {  # parameter -> (squared difference, squared norm of b's)
         n: (float((values[n].double() - t.double()).pow(2).sum()), float(t.double().pow(2).sum()))

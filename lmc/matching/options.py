@@ -83,6 +83,11 @@ class AlignOptions:
     rotation; solved by orthogonal Procrustes in the coordinate descent; the aligned model is the folded
     source transformed). docs/spec.md, section 2, "Rotations of the stream"."""
 
+    unit_scales: bool = False
+    """Under ``full_model``, also align the FFN units' scales where they keep the function (a gated unit's value
+    branch times ``a``, the down projection's column over ``a``; docs/spec.md, section 2, "FFN unit scales"): the
+    signs in the units' assignment, the magnitudes in closed form after it, inside the coordinate descent."""
+
     calibration_batches: int | Literal["all"] = 8
     """Calibration batches (from the training split) that data-aware settings read; ``"all"``: every
     batch of the calibration (``lmc run``, ``lmc align``: the whole training split)."""
@@ -179,6 +184,11 @@ class AlignOptions:
             raise ValueError(
                 "residual='orthogonal' rotates the residual stream by weight, which unit_matching='activation' does "
                 "not do: use unit_matching='weight' with it, or residual='permutation'"
+            )
+        if self.unit_scales and self.unit_matching == "activation":
+            raise ValueError(
+                "unit_scales=True scales the FFN units by weight, which unit_matching='activation' does not do: use "
+                "unit_matching='weight' with it, or unit_scales=False"
             )
         for name, least in (
             ("steps", 0),

@@ -290,6 +290,29 @@ class FixedAxes:
     axes: tuple[tuple[str, int], ...]
 
 
+UnitScaleGroup = Literal["nonzero", "positive"]
+"""The scales of an FFN's hidden units (docs/spec.md, section 2, "FFN unit scales"): any non-zero number (a gated
+unit's value branch, ``act(x w_g) (a x w_u) (w_d / a)``) or a positive one (a positively homogeneous activation)."""
+
+
+@dataclass(frozen=True)
+class UnitScales:
+    """Per-unit scales of an FFN: unit ``i``'s entries on :attr:`scaled` times ``a_i``, on :attr:`inverse` over it.
+
+    Attributes:
+        group: Which scales keep the function (:data:`UnitScaleGroup`).
+        scaled: ``(parameter name, axis)`` pairs multiplied by ``a`` (the value branch's rows and bias).
+        inverse: ``(parameter name, axis)`` pairs divided by ``a`` (the down projection's columns).
+        copies: ``((parameter name, axis), copy)`` for a stacked axis of :attr:`scaled` (a fused
+            ``[gate | up]``) whose one copy ``copy`` scales; the others keep their entries.
+    """
+
+    group: UnitScaleGroup
+    scaled: tuple[tuple[str, int], ...]
+    inverse: tuple[tuple[str, int], ...]
+    copies: tuple[tuple[tuple[str, int], int], ...] = ()
+
+
 @dataclass(frozen=True)
 class FeedForwardSpec:
     """A feed-forward network whose hidden units permute.
@@ -298,10 +321,12 @@ class FeedForwardSpec:
         hidden: The permutation of hidden units (``W_in`` columns and bias, gate and up
             projections together, ``W_out`` rows).
         parameters: Every parameter the network owns (its output bias included).
+        scales: The units' scales, ``None`` where none keeps the function (a GELU unit, a norm over the units).
     """
 
     hidden: AxisPermutation
     parameters: tuple[str, ...]
+    scales: UnitScales | None = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,15 @@ import torch
 
 from lmc.symmetry.groups import QKGroup, TiedGroup, general_linear, rotary_commutant, sign_flips
 from lmc.symmetry.rotations import residual_group, rotate_axes, sample_rotation
-from lmc.symmetry.spec import AttentionSpec, AxisPermutation, Scope, SymmetrySpec, scope_blocks
+from lmc.symmetry.spec import (
+    AttentionSpec,
+    AxisPermutation,
+    FeedForwardSpec,
+    Scope,
+    SymmetrySpec,
+    UnitScales,
+    scope_blocks,
+)
 from lmc.symmetry.weights import AttentionWeights, read_attention, write_attention
 
 
@@ -181,6 +189,47 @@ def permute_axes(
         parameter.copy_(moved)
 
 
+@torch.no_grad()
+def scale_units(
+    parameters: Mapping[str, torch.Tensor], feed_forward: FeedForwardSpec, factors: torch.Tensor, partial: bool = False
+) -> None:
+    """Multiply each unit's entries on the FFN's scaled axes by ``factors`` ``(size,)`` and those on its inverse
+    axes by ``1 / factors``, in place (with ``partial``, the tensors present), computed in float64 and stored in
+    each parameter's dtype (docs/spec.md, section 2, "FFN unit scales")."""
+    hidden, scales = feed_forward.hidden, feed_forward.scales
+    if scales is None:
+        raise ValueError(f"{hidden.name}: these units have no scale that keeps the function")
+    if factors.shape != (hidden.size,):
+        raise ValueError(f"{hidden.name}: the scales must have shape ({hidden.size},), got {tuple(factors.shape)}")
+    copies = dict(scales.copies)
+    for axes, power in ((scales.scaled, 1.0), (scales.inverse, -1.0)):
+        for name, axis in axes:
+            if partial and name not in parameters:
+                continue
+            parameter = parameters[name]
+            length = parameter.shape[axis]
+            start, stop = hidden.span((name, axis), length)
+            factor = torch.ones(length, dtype=torch.float64)
+            chosen = factors.double().cpu().pow(power)
+            if (name, axis) in copies:
+                first = start + copies[(name, axis)] * hidden.size
+                factor[first : first + hidden.size] = chosen
+            else:
+                factor[start:stop] = chosen.repeat((stop - start) // hidden.size)
+            shape = [1] * parameter.dim()
+            shape[axis] = -1
+            parameter.copy_((parameter.double() * factor.to(parameter.device).view(shape)).to(parameter.dtype))
+
+
+def sample_scales(scales: UnitScales, size: int, generator: torch.Generator) -> torch.Tensor:
+    """Random scales ``(size,)`` (float64) of the group: magnitudes ``exp(u)``, ``u`` uniform in ``[-1, 1]``, with
+    random signs where the group allows them."""
+    magnitude = torch.exp(2 * torch.rand(size, generator=generator, dtype=torch.float64) - 1)
+    if scales.group == "positive":
+        return magnitude
+    return magnitude * (1.0 - 2.0 * torch.randint(2, (size,), generator=generator).double())
+
+
 def sample_signs(permutation: AxisPermutation, generator: torch.Generator) -> torch.Tensor | None:
     """Random signs ``(size,)`` of ``+-1`` (float64) from the permutation's sign group, ``None`` if it has none."""
     if permutation.signs == "none":
@@ -224,6 +273,8 @@ class ModelTransform:
         residual_signs: Signs ``(d,)`` of ``+-1`` of the residual coordinates after ``residual``, or ``None`` (all
             ``+1``).
         task_head_signs: Index into ``spec.task_heads`` -> signs of that head's units after its permutation.
+        feed_forward_scales: Block index -> the FFN units' scales ``(size,)`` after its permutation
+            (:func:`scale_units`): an element of the extended group (``unit_scales``).
         residual_rotation: An orthogonal ``Q`` ``(d, d)`` (float64) applied to the residual coordinates after
             ``residual`` and ``residual_signs`` (:func:`~lmc.symmetry.rotations.rotate_axes`), or ``None``: an element
             of the extended group, a symmetry only once the norms are folded (:mod:`lmc.symmetry.rotations`).
@@ -237,6 +288,7 @@ class ModelTransform:
     residual_signs: torch.Tensor | None = None
     task_head_signs: dict[int, torch.Tensor] = field(default_factory=dict)
     residual_rotation: torch.Tensor | None = None
+    feed_forward_scales: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def residual_flips(self) -> int:
@@ -257,6 +309,10 @@ class ModelTransform:
             i: _chain_signs(self.task_head_signs.get(i), then.task_heads.get(i), then.task_head_signs.get(i))
             for i in sorted(self.task_head_signs.keys() | then.task_head_signs.keys())
         }
+        scales = {
+            i: _chain_signs(self.feed_forward_scales.get(i), then.feed_forward.get(i), then.feed_forward_scales.get(i))
+            for i in sorted(self.feed_forward_scales.keys() | then.feed_forward_scales.keys())
+        }
         residual = _chain(self.residual, then.residual)
         residual_signs = _chain_signs(self.residual_signs, then.residual, then.residual_signs)
         rotation = None
@@ -273,6 +329,7 @@ class ModelTransform:
             residual_signs,
             head_signs,
             rotation,
+            scales,
         )
 
     def residual_matrix(self, width: int) -> torch.Tensor:
@@ -303,6 +360,8 @@ class ModelTransform:
             if feed_forward is None:
                 raise ValueError(f"block {index} has no feed-forward network to permute")
             permute_axes(parameters, feed_forward.hidden, perm, partial)
+        for index, factors in self.feed_forward_scales.items():
+            scale_units(parameters, spec.blocks[index].feed_forward, factors, partial)
         for index in sorted(self.task_heads.keys() | self.task_head_signs.keys()):
             head = spec.task_heads[index]
             permute_axes(parameters, head, self.task_heads.get(index), partial, self.task_head_signs.get(index))
@@ -343,17 +402,21 @@ def sample_attention_transform(
 
 
 def sample_transform(
-    spec: SymmetrySpec, scope: Scope, generator: torch.Generator, rotate: bool = False
+    spec: SymmetrySpec, scope: Scope, generator: torch.Generator, rotate: bool = False, scale: bool = False
 ) -> ModelTransform:
     """A random element of the scope's symmetry group (float64 matrices), signs included where a unit
     permutation has them (:func:`sample_signs`); with ``rotate``, for ``full_model``, a rotation of the stream
-    from the group its family allows once folded (:func:`~lmc.symmetry.rotations.residual_group`) after them."""
+    from the group its family allows once folded (:func:`~lmc.symmetry.rotations.residual_group`) after them; with
+    ``scale``, the FFN units' scales where they have them (:func:`sample_scales`)."""
     attention, feed_forward, whole = scope_blocks(spec, scope)
     transform = ModelTransform()
     for i in attention:
         transform.attention[i] = sample_attention_transform(spec.blocks[i].attention, generator)
     for i in feed_forward:
-        transform.feed_forward[i] = torch.randperm(spec.blocks[i].feed_forward.hidden.size, generator=generator)
+        hidden, scales = spec.blocks[i].feed_forward.hidden, spec.blocks[i].feed_forward.scales
+        transform.feed_forward[i] = torch.randperm(hidden.size, generator=generator)
+        if scale and scales is not None:
+            transform.feed_forward_scales[i] = sample_scales(scales, hidden.size, generator)
     if whole:
         for i, head in enumerate(spec.task_heads):
             transform.task_heads[i] = torch.randperm(head.size, generator=generator)
