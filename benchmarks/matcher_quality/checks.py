@@ -3,7 +3,7 @@
 Reads seeds 0 and 1 and the pre-trained model of each positional encoding (``lmc run``'s
 checkpoints under ``--runs``, benchmarks/matcher_quality/README.md).
 
-Usage: python -m benchmarks.matcher_quality.checks --runs runs/matcher_quality
+Usage: python -m benchmarks matcher_quality.checks --runs runs/matcher_quality
 """
 
 from __future__ import annotations

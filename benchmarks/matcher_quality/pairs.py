@@ -12,7 +12,7 @@ midpoint (alpha = 0.5 is one of the 25 points), so an order whose midpoint gap a
 exceeds a barrier cannot beat it. The 24 orders are evaluated at the midpoint first and full
 curves are computed only for those that could be top-1 or could rank above a method's order.
 
-Usage: python -m benchmarks.matcher_quality.pairs --pe learned --seeds 5 [--pairs 0-1 ...]
+Usage: python -m benchmarks matcher_quality.pairs --pe learned --seeds 5 [--pairs 0-1 ...]
 """
 
 from __future__ import annotations

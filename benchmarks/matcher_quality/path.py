@@ -5,7 +5,7 @@ run the refinement with ``steps = k`` and record the squared distance (all weigh
 visible to the function) and the loss gap at alpha = 0.5 (a lower bound of the barrier, equal
 to it on the aligned curves measured here in most pairs).
 
-Usage: python -m benchmarks.matcher_quality.path --pe learned --seeds 5 [--pairs 0-1 ...]
+Usage: python -m benchmarks matcher_quality.path --pe learned --seeds 5 [--pairs 0-1 ...]
 """
 
 from __future__ import annotations

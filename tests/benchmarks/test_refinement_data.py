@@ -1,4 +1,4 @@
-"""benchmarks/refinement_data.py: its split of the midpoint's layer output is exact, its patched losses are the
+"""benchmarks/stage2/refinement_data.py: its split of the midpoint's layer output is exact, its patched losses are the
 model's, its hybrids are symmetries, and on a planted pair the refinement recovers what the orthogonal start misses."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.refinement_data import (
+from benchmarks.stage2.refinement_data import (
     SETTINGS,
     head_activity,
     hybrid,
