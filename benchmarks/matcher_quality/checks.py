@@ -13,14 +13,12 @@ import json
 
 import torch
 
+from benchmarks.matcher_quality.costs import complex_pair_cost, project_inputs, visible_projector
 from benchmarks.matcher_quality.pairs import (
     PES,
     Evaluator,
     build,
-    complex_pair_cost,
     load_run,
-    project_inputs,
-    visible_projector,
 )
 from lmc.adapters import model_spec
 from lmc.matching import AlignOptions

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.matcher_quality.costs import project_inputs, visible_projector
 from benchmarks.matcher_quality.pairs import (
     ORDERS,
     Curve,
@@ -25,8 +26,6 @@ from benchmarks.matcher_quality.pairs import (
     chosen_pairs,
     load_seeds,
     pair_arguments,
-    project_inputs,
-    visible_projector,
 )
 from lmc.data import Digits
 from lmc.matching import AlignOptions

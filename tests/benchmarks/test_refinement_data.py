@@ -9,21 +9,19 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.stage2.refinement_data import (
-    SETTINGS,
+from benchmarks.stage2.midpoint_heads import (
     head_activity,
     hybrid,
     layer_io,
     layer_weights,
     loss_gradient,
-    measure_pair,
     midpoint,
     midpoint_measures,
     midpoint_parts,
     patched_loss,
     planted_module,
-    rank_correlations,
 )
+from benchmarks.stage2.refinement_data import SETTINGS, measure_pair, rank_correlations
 from lmc.adapters import model_spec, scope_parameters
 from lmc.data import Digits
 from lmc.matching import align
