@@ -1,13 +1,13 @@
 """The ablation's table from ``lmc run`` summaries (``ablation.yaml``): Markdown on stdout.
 
-Usage: python -m benchmarks.data_aware_ablation.report runs/ablation/vit_ape runs/ablation/llama_rope
+Usage: python -m benchmarks data_aware_ablation.report runs/ablation/vit_ape runs/ablation/llama_rope
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from lmc.io import nan_for_null
@@ -45,10 +45,13 @@ def table(run: Path) -> list[str]:
     return lines
 
 
-def main(runs: list[str]) -> None:
-    for run in runs:
-        print("\n".join(table(Path(run))) + "\n")
+def main() -> None:
+    """Print the table of each run folder named on the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, nargs="+", help="the ablation's lmc run output folders")
+    for run in parser.parse_args().runs:
+        print("\n".join(table(run)) + "\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -3,7 +3,7 @@
 Reads seeds 0 and 1 and the pre-trained model of each positional encoding (``lmc run``'s
 checkpoints under ``--runs``, benchmarks/matcher_quality/README.md).
 
-Usage: python -m benchmarks.matcher_quality.checks --runs runs/matcher_quality
+Usage: python -m benchmarks matcher_quality.checks --runs runs/matcher_quality
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ import json
 
 import torch
 
+from benchmarks.matcher_quality.costs import complex_pair_cost, project_inputs, visible_projector
 from benchmarks.matcher_quality.pairs import (
     PES,
     Evaluator,
     build,
-    complex_pair_cost,
     load_run,
-    project_inputs,
-    visible_projector,
 )
 from lmc.adapters import model_spec
 from lmc.matching import AlignOptions

@@ -6,8 +6,8 @@ ViT on digits, ``first_attention``), align with each method through
 barrier ratio on the validation split and the alignment time. Data-aware methods calibrate on
 the first ``calibration_batches`` batches (of 32) of a seeded shuffle of the training half B.
 
-Usage: python -m benchmarks.matcher_quality.data_aware --runs /tmp/demo_final2 --pes APE RoPE --seeds 3
-       python -m benchmarks.matcher_quality.data_aware --runs runs/repro --pes vit_ape/first_attention \
+Usage: python -m benchmarks matcher_quality.data_aware --runs /tmp/demo_final2 --pes APE RoPE --seeds 3
+       python -m benchmarks matcher_quality.data_aware --runs runs/repro --pes vit_ape/first_attention \
            --methods full learned --output benchmarks/matcher_quality/results/learned_alignment.json
 """
 

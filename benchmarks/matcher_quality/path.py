@@ -5,7 +5,7 @@ run the refinement with ``steps = k`` and record the squared distance (all weigh
 visible to the function) and the loss gap at alpha = 0.5 (a lower bound of the barrier, equal
 to it on the aligned curves measured here in most pairs).
 
-Usage: python -m benchmarks.matcher_quality.path --pe learned --seeds 5 [--pairs 0-1 ...]
+Usage: python -m benchmarks matcher_quality.path --pe learned --seeds 5 [--pairs 0-1 ...]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.matcher_quality.costs import project_inputs, visible_projector
 from benchmarks.matcher_quality.pairs import (
     ORDERS,
     Curve,
@@ -25,8 +26,6 @@ from benchmarks.matcher_quality.pairs import (
     chosen_pairs,
     load_seeds,
     pair_arguments,
-    project_inputs,
-    visible_projector,
 )
 from lmc.data import Digits
 from lmc.matching import AlignOptions

@@ -1,6 +1,6 @@
 """Tables from the study's per-pair JSON records (``benchmarks/matcher_quality/pairs.py``): markdown on stdout.
 
-Usage: python -m benchmarks.matcher_quality.report benchmarks/matcher_quality/results
+Usage: python -m benchmarks matcher_quality.report benchmarks/matcher_quality/results
 
 The folder also holds other scripts' records (``checks.json``, ``path_<pe>.json``,
 ``learned_alignment.json`` of ``data_aware.py``): the pair tables read the files named
@@ -9,9 +9,9 @@ The folder also holds other scripts' records (``checks.json``, ``path_<pe>.json`
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -216,7 +216,10 @@ def pair_records(folder: Path, pe: str) -> list[dict]:
 
 def main() -> None:
     """Print every table of the study's records in the folder named on the command line."""
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/matcher_quality/results")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = Path(__file__).parent / "results"
+    parser.add_argument("folder", type=Path, nargs="?", default=default, help="the records' folder")
+    folder = parser.parse_args().folder
     if not folder.is_dir():
         raise SystemExit(f"{folder} is not a folder of pairs.py records")
     for pe in ("learned", "rope"):

@@ -1,4 +1,4 @@
-"""benchmarks/assignment.py: its costs are what it says, and every solver it times reaches scipy's optimum."""
+"""benchmarks/speed/assignment.py: its costs are what it says, and every solver it times reaches scipy's optimum."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.assignment import cost, solvers
+from benchmarks.speed.assignment import cost, solvers
 from lmc.matching.permutation import SPARSE_FROM
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/demo_processors.py: shifts in units of the larger spread; a setting without a time says so."""
+"""benchmarks/reproduction/demo_processors: shifts in units of the larger spread; a setting without a time says so."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import demo_processors
+from benchmarks.reproduction import demo_processors
 
 
 def _run(folder: str, ape: tuple[float, float], rope: tuple[float, float], seconds: float | None) -> dict:
@@ -58,10 +58,13 @@ def test_another_machines_results_are_compared_with_this_processors_free_run(tmp
 
 def test_the_readmes_demo_figures_are_the_committed_results():
     """The README's demo paragraph had barriers, accuracies and losses typed by hand that no file held:
-    each of its figures (a decimal, a percentage, a wall time in seconds) is in benchmarks/results/demo_*.md."""
+    each of its figures (a decimal, a percentage, a wall time in seconds) is in
+    benchmarks/reproduction/results/demo_*.md."""
     root = Path(__file__).parents[2]
     readme = (root / "README.md").read_text()
     section = readme[readme.index("## What the demo prints") :].split("\n## ")[0]
-    results = " ".join(path.read_text() for path in sorted((root / "benchmarks" / "results").glob("demo_*.md")))
+    results = " ".join(
+        path.read_text() for path in sorted((root / "benchmarks" / "reproduction" / "results").glob("demo_*.md"))
+    )
     figures = re.findall(r"\d+\.\d+|\d+(?= s\b| %)", section)
     assert figures and [f for f in figures if not re.search(rf"(?<![\d.]){re.escape(f)}(?![\d])", results)] == []

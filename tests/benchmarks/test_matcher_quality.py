@@ -64,7 +64,7 @@ def test_load_run_names_a_missing_checkpoint(tmp_path):
 def test_the_readme_command_prints_the_readme_tables_from_the_committed_results():
     """The README's command, on the committed records: the folder also holds other scripts' records
     (``learned_alignment.json`` of ``data_aware.py``), which are not pairs and once crashed it."""
-    command = [sys.executable, "-m", "benchmarks.matcher_quality.report", "benchmarks/matcher_quality/results"]
+    command = [sys.executable, "-m", "benchmarks", "matcher_quality.report", "benchmarks/matcher_quality/results"]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     readme = (ROOT / "benchmarks" / "matcher_quality" / "README.md").read_text()

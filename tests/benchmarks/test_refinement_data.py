@@ -1,4 +1,4 @@
-"""benchmarks/refinement_data.py: its split of the midpoint's layer output is exact, its patched losses are the
+"""benchmarks/stage2/refinement_data.py: its split of the midpoint's layer output is exact, its patched losses are the
 model's, its hybrids are symmetries, and on a planted pair the refinement recovers what the orthogonal start misses."""
 
 from __future__ import annotations
@@ -9,21 +9,19 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.refinement_data import (
-    SETTINGS,
+from benchmarks.stage2.midpoint_heads import (
     head_activity,
     hybrid,
     layer_io,
     layer_weights,
     loss_gradient,
-    measure_pair,
     midpoint,
     midpoint_measures,
     midpoint_parts,
     patched_loss,
     planted_module,
-    rank_correlations,
 )
+from benchmarks.stage2.refinement_data import SETTINGS, measure_pair, rank_correlations
 from lmc.adapters import model_spec, scope_parameters
 from lmc.data import Digits
 from lmc.matching import align

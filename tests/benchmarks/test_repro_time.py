@@ -1,4 +1,4 @@
-"""benchmarks/repro_time.py: a fresh clone timed, every committed figure one the script writes."""
+"""benchmarks/reproduction/repro_time.py: a fresh clone timed, every committed figure one the script writes."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.repro_time import EARLIER, render
+from benchmarks.reproduction.repro_time import EARLIER, render
 
 ROOT = Path(__file__).parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "reproduction" / "results"
 
 STUDY = """install:
 \ttrue
@@ -43,7 +43,7 @@ def test_a_fresh_clone_is_timed_and_its_report_copied_back(tmp_path):
     output = tmp_path / "results" / "repro_time.json"
     output.parent.mkdir()
     output.with_suffix(".md").write_text(f"# old\n\n{EARLIER}\n\nby hand\n")
-    command = [sys.executable, "-m", "benchmarks.repro_time", "--repo", str(repo), "--output", str(output)]
+    command = [sys.executable, "-m", "benchmarks", "repro_time", "--repo", str(repo), "--output", str(output)]
     run = subprocess.run(
         [*command, "--workdir", str(tmp_path / "clone"), "--report"], cwd=ROOT, capture_output=True, text=True
     )

@@ -1,10 +1,10 @@
-"""benchmarks/reproducibility: two reports' strategies tables side by side, shifts in units of the spread."""
+"""benchmarks/reproduction/reproducibility: two reports' strategies tables side by side, shifts in spreads."""
 
 import json
 
 import pytest
 
-from benchmarks.reproducibility import compare, compare_runs, differences, main, parse_cell, shift
+from benchmarks.reproduction.reproducibility import compare, compare_runs, differences, main, parse_cell, shift
 
 HEADER = (
     "| family | strategy | pairs | end points | naive loss barrier | aligned loss barrier | loss ratio "

@@ -1,4 +1,4 @@
-"""benchmarks/stage1_orders.py: its barrier and its additivity measure what its docstring says."""
+"""benchmarks/stage1/stage1_orders.py: its barrier and its additivity measure what its docstring says."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.stage1_orders import additivity, barriers
+from benchmarks.stage1.stage1_orders import additivity, barriers
 
 
 def test_a_barrier_is_the_largest_rise_above_the_chord():

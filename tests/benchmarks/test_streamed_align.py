@@ -1,4 +1,4 @@
-"""benchmarks/streamed_align.py: every committed figure is one the script writes; its Markdown renders its JSON."""
+"""benchmarks/speed/streamed_align: every committed figure is one the script writes; its Markdown renders its JSON."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.streamed_align import SHAPES, merged, render
+from benchmarks.speed.streamed_align import SHAPES, merged, render
 
 ROOT = Path(__file__).parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "speed" / "results"
+RUNNER = [sys.executable, "-m", "benchmarks", "streamed_align"]
 
 
 def _leaves(value: object, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
@@ -35,8 +36,7 @@ def test_the_committed_markdown_is_the_rendering_of_the_committed_json():
 
 def test_rendering_a_missing_json_is_one_line_naming_it(tmp_path):
     missing = tmp_path / "none.json"
-    script = str(ROOT / "benchmarks" / "streamed_align.py")
-    run = subprocess.run([sys.executable, script, "--render", "--output", str(missing)], capture_output=True, text=True)
+    run = subprocess.run([*RUNNER, "--render", "--output", str(missing)], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 2 and f"--render reads {missing}, which does not exist" in run.stderr
     assert "Traceback" not in run.stderr and not list(tmp_path.iterdir())
 
@@ -79,13 +79,13 @@ def test_rows_of_one_shape_from_runs_that_measured_different_things_are_joined(t
 def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
     """A run on the tiny shape writes the JSON and its rendering; the committed rows hold no field it does not."""
     output = tmp_path / "results" / "streamed.json"
-    script = str(ROOT / "benchmarks" / "streamed_align.py")
-    command = [sys.executable, script, "--shapes", "tiny", "neox-tiny", "--threads", "1", "--compare-release"]
+    command = [*RUNNER, "--shapes", "tiny", "neox-tiny", "--threads", "1", "--compare-release"]
     run = subprocess.run(
         [*command, "--workdir", str(tmp_path / "work"), "--output", str(output), "--note", "a test run"],
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     written = json.loads(output.read_text())
@@ -125,12 +125,13 @@ def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
         by_size = sum(run["assignment_seconds_by_size"].values())  # timed inside the split's timer: a wrapper less
         assert by_size <= run["split"]["assignment"] <= by_size + 1e-4 * run["assignments"]
     # A --full-model-only run joins the shape's row: the earlier measurements stay, its own context apart.
-    again = [*command[:2], "--shapes", "tiny", "--threads", "1", "--full-model-only", "--note", "a second run"]
+    again = [*RUNNER, "--shapes", "tiny", "--threads", "1", "--full-model-only", "--note", "a second run"]
     run = subprocess.run(
         [*again, "--workdir", str(tmp_path / "work"), "--output", str(output)],
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     joined = json.loads(output.read_text())
@@ -145,5 +146,5 @@ def test_the_script_writes_both_files_and_every_committed_field(tmp_path):
         assert _leaves(row) <= fields, (shape, sorted(_leaves(row) - fields))
     # Rendering again from the JSON alone gives the same Markdown.
     output.with_suffix(".md").unlink()
-    subprocess.run([*command[:2], "--render", "--output", str(output)], check=True, timeout=120)
+    subprocess.run([*RUNNER, "--render", "--output", str(output)], check=True, timeout=120, cwd=ROOT)
     assert output.with_suffix(".md").read_text() == render(written, output.name)

@@ -1,10 +1,10 @@
-"""benchmarks/table1_extra.py: its rows are the run summary's Table 1 statistics of the full method's settings."""
+"""benchmarks/stage1/table1_extra: its rows are the run summary's Table 1 statistics of the full method's settings."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.table1_extra import main, rows
+from benchmarks.stage1.table1_extra import main, rows
 
 
 def test_rows_read_each_full_method_setting_and_its_alphas():
