@@ -196,7 +196,7 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
     writes); its rounds; and its memory by phase (:class:`MemoryTrace`: each descent round, Stage 2,
     the write pass, the check of the written layers). ``release="false"`` measures it without
     :func:`lmc.matching.streamed.release_freed_memory` (as lmc was before it)."""
-    import lmc.matching.aligner as aligner
+    import lmc.matching.descent as descent
     import lmc.matching.layers as layers
     import lmc.matching.streamed as streamed
     import lmc.matching.streamed_write as streamed_write
@@ -209,7 +209,7 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
     trace = MemoryTrace()
     holding, align_attention, write, written_error = (
         _StreamedDescent.holding,
-        aligner.WeightDescent.align_attention,
+        descent.WeightDescent.align_attention,
         streamed_write._write,
         streamed_write._written_error,
     )
@@ -232,7 +232,7 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
 
         return traced
 
-    _StreamedDescent.holding, aligner.WeightDescent.align_attention = traced_holding, traced_align_attention
+    _StreamedDescent.holding, descent.WeightDescent.align_attention = traced_holding, traced_align_attention
     streamed_write._write, streamed_write._written_error = in_phase("write", write), in_phase("check", written_error)
 
     split, assignments, rounds = PhaseSplit(trace), [], [0]
@@ -251,7 +251,7 @@ def measure_streamed_full(source: str, target: str, output: str, release: str = 
 
     layers.best_permutation = split.timed("assignment", sized_solve)  # correlated_units calls it
     SafetensorsCheckpoint.rows = split.timed("read", SafetensorsCheckpoint.rows)
-    aligner.axis_correlation = split.timed("gemm", aligner.axis_correlation)  # the residual and unit correlations
+    descent.axis_correlation = split.timed("gemm", descent.axis_correlation)  # the residual and unit correlations
     LayerGrams.compute = staticmethod(split.timed("gemm", LayerGrams.compute))
     _StreamedDescent.descent_round = counted
     row = measure_streamed(source, target, output, "full_model")

@@ -62,6 +62,7 @@ def align(
     from lmc.connectivity import training_calibration
     from lmc.io import atomic_write_json
     from lmc.matching import align as align_models
+    from lmc.matching.alignment import target_frame
     from lmc.matching.merge import interpolate
     from lmc.training.module import load_trained, require_same_model, save_trained
 
@@ -71,7 +72,7 @@ def align(
     checkpoints = detect(source, timm_model, timm_args), detect(target, timm_model, timm_args)
     if external_pair(*checkpoints):
         refuse_data_aware_external(options)
-        if _streamable(checkpoints, scope):
+        if _streamable(checkpoints, scope, options):
             _align_streamed(checkpoints, output, scope, alphas, overwrite, options, device)
             return
     if device != "cpu":
@@ -102,7 +103,7 @@ def align(
     atomic_write_json(outputs[1], report.to_dict())
     print(f"aligned {source} to {target} ({scope}, {options.method}): wrote {outputs[0]}")
     print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
-    target_weights = target_module.model.state_dict()
+    target_weights = target_frame(target_module.model, report).state_dict()
     for alpha, path in zip(alphas, outputs[2:]):
         merged = {name: interpolate(target_weights[name], value, alpha) for name, value in aligned_weights.items()}
         save_trained(merged, hyperparameters, path)
@@ -110,13 +111,14 @@ def align(
     remove_other_merges(output, outputs[2:])
 
 
-def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None) -> bool:
+def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None, options: AlignOptions) -> bool:
     """Whether ``lmc align`` streams: two folders of safetensors (Hugging Face or timm) at a scope that streams
-    (``full_model`` where none is given)."""
+    (``full_model`` where none is given), with options that stream (the extended group aligns in memory)."""
     from lmc.formats.streamed import streamable
-    from lmc.matching.streamed_write import STREAMED_SCOPES
+    from lmc.matching.streamed_write import STREAMED_SCOPES, streams
 
-    return (scope or "full_model") in STREAMED_SCOPES and all(streamable(checkpoint) for checkpoint in checkpoints)
+    in_scope = (scope or "full_model") in STREAMED_SCOPES and streams(options)
+    return in_scope and all(streamable(checkpoint) for checkpoint in checkpoints)
 
 
 def _align_streamed(
@@ -162,6 +164,7 @@ def _align_external(
     from lmc.io import atomic_output_folder, atomic_write_json
     from lmc.matching import AlignmentError
     from lmc.matching import align as align_models
+    from lmc.matching.alignment import target_frame
     from lmc.matching.checks import probe_error
     from lmc.matching.merge import interpolate
 
@@ -183,9 +186,10 @@ def _align_external(
             )
     print(f"aligned {source} to {target} ({scope}, {options.method}): wrote {outputs[0]}")
     print(f"distance to target over the scope: {report.distance['naive']:.4f} -> {report.distance['aligned']:.4f}")
-    target_parameters = dict(target_model.model.named_parameters())
+    target_in_frame = target_frame(target_model.model, report)
+    target_parameters = dict(target_in_frame.named_parameters())
     for alpha, path in zip(alphas, outputs[2:]):
-        merged = copy.deepcopy(target_model.model)
+        merged = copy.deepcopy(target_in_frame)
         merged_parameters = dict(merged.named_parameters())
         with torch.no_grad():
             for name, parameter in aligned.named_parameters():

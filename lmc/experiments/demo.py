@@ -10,7 +10,7 @@ The settings are the study's MNIST families (``configs/study/mnist_vit_{ape,rope
 (:func:`lmc.configs.config_file`).
 
 The two encodings run side by side, one process and one thread each. Their kernels are the
-processor's own: ``benchmarks/demo_processors.py`` measures how far the headline moves when the
+processor's own: ``benchmarks/reproduction/demo_processors.py`` measures how far the headline moves when the
 kernels of another processor are used, against the spread over pairs.
 """
 

@@ -21,9 +21,10 @@ import time
 from torch import nn
 
 from lmc.adapters import model_spec, scope_parameters
-from lmc.matching.aligner import Aligner, weight_alignment
+from lmc.matching.aligner import Aligner
 from lmc.matching.calibration import Calibration
 from lmc.matching.checks import check_head_orders, check_pair, check_probe, probe_error
+from lmc.matching.descent import weight_alignment
 from lmc.matching.layers import axes_distance
 from lmc.matching.options import AlignOptions, checked_options
 from lmc.matching.results import AlignmentReport

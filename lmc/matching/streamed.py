@@ -19,7 +19,7 @@ shape or dtype). The output folder is written under a temporary name and renamed
 complete (:func:`~lmc.io.atomic_output_folder`): never half-written, never over an input.
 
 Every scope streams, ``full_model`` too: the solves are the in-memory ones
-(:func:`~lmc.matching.aligner.weight_alignment`, the coordinate descent over FFN, task-head, token,
+(:func:`~lmc.matching.descent.weight_alignment`, the coordinate descent over FFN, task-head, token,
 head and residual permutations for ``full_model``), run on a view that reads each source tensor
 through the group element found so far, so no model is ever held whole: a round of the descent
 reads each tensor of both models once, block by block (an FFN's twice: once into its units' correlation,
@@ -50,8 +50,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import torch
 
 from lmc.matching import AlignmentReport
-from lmc.matching.aligner import WeightDescent
 from lmc.matching.checks import check_finite
+from lmc.matching.descent import WeightDescent
 from lmc.matching.permutation import block_rows, blocks_of
 from lmc.symmetry import AttentionTransform, AxisPermutation, ModelTransform, SymmetrySpec
 
@@ -78,7 +78,7 @@ def release_freed_memory() -> None:
     8-32 MB layer after layer (an 8B layer's K/V projections, their float32 copies, the Grams), and
     the freed space counts in the process's memory until it is reused; ``malloc_trim`` returns it
     between steps (four Llama-3-8B layers at ``full_model``: 0.67 GB kept between steps instead of up
-    to 1.05 GB, the peak unchanged; ``benchmarks/results/streamed_align.md``).
+    to 1.05 GB, the peak unchanged; ``benchmarks/speed/results/streamed_align.md``).
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
@@ -335,4 +335,6 @@ def _on_cpu(transform: ModelTransform) -> ModelTransform:
         tokens=None if transform.tokens is None else transform.tokens.cpu(),
         residual_signs=None if transform.residual_signs is None else transform.residual_signs.cpu(),
         task_head_signs={i: signs.cpu() for i, signs in transform.task_head_signs.items()},
+        residual_rotation=None if transform.residual_rotation is None else transform.residual_rotation.cpu(),
+        feed_forward_scales={i: scales.cpu() for i, scales in transform.feed_forward_scales.items()},
     )

@@ -20,7 +20,6 @@ from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, l
 from lmc.formats.streamed import copy_other_files, open_folder, skeleton, tie_as_loaded
 from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
-from lmc.matching.aligner import weight_alignment
 from lmc.matching.checks import (
     AttentionProbe,
     check_dtype,
@@ -31,6 +30,7 @@ from lmc.matching.checks import (
     check_same_tensors,
     check_unchanged,
 )
+from lmc.matching.descent import weight_alignment
 from lmc.matching.merge import check_alphas, interpolate
 from lmc.matching.options import checked_options
 from lmc.matching.permutation import squared_distance
@@ -257,6 +257,12 @@ def _written_error(
     return error
 
 
+def streams(options: AlignOptions) -> bool:
+    """Whether :func:`align_directories` aligns with ``options``: not yet in the extended group (the fold of both
+    models, the stream's rotations, the units' scales), which aligns in memory."""
+    return options.residual == "permutation" and not options.unit_scales
+
+
 def align_directories(
     source_dir: Checkpoint | str | Path,
     target_dir: Checkpoint | str | Path,
@@ -305,6 +311,11 @@ def align_directories(
         raise ValueError(
             f"data-aware settings ({options.data_settings}) need calibration batches, which a streamed alignment "
             "of two folders does not read: use the weight settings (the defaults)"
+        )
+    if not streams(options):
+        raise ValueError(
+            "residual='orthogonal' and unit_scales=True (the extended group) align in memory only for now: load both "
+            "models and call lmc.matching.align (lmc align does so for these options), or use the defaults"
         )
     check_scope(scope)
     alphas = check_alphas(merge_alphas, "merge alphas")

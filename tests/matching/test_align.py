@@ -403,16 +403,16 @@ def test_unit_correlations_add_up_in_the_compute_dtype_and_the_residual_one_in_f
     # An FFN's correlation sums three tensors' products, computed in float32 for float32 and bf16 weights
     # already: kept in float32 it takes half the memory (an 8B model's 14,336 units: 822 MB, not 1.64 GB).
     # The residual stream's sums products over most of the model, in float64.
-    import lmc.matching.aligner
+    import lmc.matching.descent
 
-    made, correlate = [], lmc.matching.aligner.axis_correlation
+    made, correlate = [], lmc.matching.descent.axis_correlation
 
     def recorded(source, target, permutation, *dtype_given):
         correlation = correlate(source, target, permutation, *dtype_given)
         made.append((permutation.name, correlation.dtype))
         return correlation
 
-    monkeypatch.setattr(lmc.matching.aligner, "axis_correlation", recorded)
+    monkeypatch.setattr(lmc.matching.descent, "axis_correlation", recorded)
     source, target = (randomize_parameters_(create_model("llama-tiny"), seed=seed).to(dtype) for seed in (0, 1))
     align(source, target, scope="full_model", options=AlignOptions(method="orthogonal"))
     spec = model_spec(source)
