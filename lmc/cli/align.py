@@ -72,7 +72,7 @@ def align(
     checkpoints = detect(source, timm_model, timm_args), detect(target, timm_model, timm_args)
     if external_pair(*checkpoints):
         refuse_data_aware_external(options)
-        if _streamable(checkpoints, scope, options):
+        if _streamable(checkpoints, scope):
             _align_streamed(checkpoints, output, scope, alphas, overwrite, options, device)
             return
     if device != "cpu":
@@ -111,14 +111,13 @@ def align(
     remove_other_merges(output, outputs[2:])
 
 
-def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None, options: AlignOptions) -> bool:
+def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None) -> bool:
     """Whether ``lmc align`` streams: two folders of safetensors (Hugging Face or timm) at a scope that streams
-    (``full_model`` where none is given), with options that stream (the extended group aligns in memory)."""
+    (``full_model`` where none is given)."""
     from lmc.formats.streamed import streamable
-    from lmc.matching.streamed_write import STREAMED_SCOPES, streams
+    from lmc.matching.streamed_write import STREAMED_SCOPES
 
-    in_scope = (scope or "full_model") in STREAMED_SCOPES and streams(options)
-    return in_scope and all(streamable(checkpoint) for checkpoint in checkpoints)
+    return (scope or "full_model") in STREAMED_SCOPES and all(streamable(checkpoint) for checkpoint in checkpoints)
 
 
 def _align_streamed(

@@ -128,10 +128,16 @@ def fold_pair(
             f"residual='orthogonal' rotates the residual stream by weight, which scope {report.scope!r} does not "
             "align: use scope='full_model', or residual='permutation'"
         )
+    (folded_source, folded_norms), (folded_target, _) = folded(source, spec), folded(target, spec)
+    record_fold(report, spec, folded_norms)
+    return folded_source, folded_target
+
+
+def record_fold(report: AlignmentReport, spec: SymmetrySpec, folded_norms: list[str]) -> None:
+    """Record in ``report`` the norms folded and the residual group the extended group aligns with."""
     group = residual_group(spec)
     report.residual_group = "none" if group is None else group.name + (f" ({group.reason})" if group.reason else "")
-    (folded_source, report.folded), (folded_target, _) = folded(source, spec), folded(target, spec)
-    return folded_source, folded_target
+    report.folded = folded_norms
 
 
 def target_frame(target: nn.Module, report: AlignmentReport) -> nn.Module:

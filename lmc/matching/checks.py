@@ -224,6 +224,7 @@ class AttentionProbe:
         tensors: Mapping[str, torch.Tensor],
         residual: torch.Tensor | None = None,
         signs: torch.Tensor | None = None,
+        rotation: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The layer's output ``(T, d)`` with the weights ``tensors`` (by spec name), in float64.
 
@@ -232,8 +233,9 @@ class AttentionProbe:
             residual: A residual-stream permutation the weights carry (``full_model``): the layer
                 reads ``x`` permuted by it.
             signs: The residual signs ``(d,)`` the weights carry after ``residual``: the layer reads ``x`` so flipped.
+            rotation: The residual rotation ``(d, d)`` the weights carry after both (``residual="orthogonal"``).
         """
-        layer, x = self.layer, _moved(self.x, residual, signs)
+        layer, x = self.layer, _moved(self.x, residual, signs, rotation)
         length, head_dim = len(x), layer.head_dim
 
         def project(name: str, heads: int) -> torch.Tensor:  # (heads, T, d_h)
@@ -271,17 +273,25 @@ class AttentionProbe:
         tensors: Mapping[str, torch.Tensor],
         residual: torch.Tensor | None = None,
         signs: torch.Tensor | None = None,
+        rotation: torch.Tensor | None = None,
     ) -> float:
         """``||f_tensors(x) - f_source(x)|| / ||f_source(x)||`` given ``reference = f_source(x)`` (:meth:`output`
-        of the source): with ``residual`` and ``signs``, the output must come back permuted and flipped by them."""
-        moved = self.output(tensors, residual, signs)
-        return float((moved - _moved(reference, residual, signs)).norm() / reference.norm())
+        of the source): with ``residual``, ``signs`` and ``rotation``, the output must come back moved by them."""
+        moved = self.output(tensors, residual, signs, rotation)
+        return float((moved - _moved(reference, residual, signs, rotation)).norm() / reference.norm())
 
 
-def _moved(stream: torch.Tensor, residual: torch.Tensor | None, signs: torch.Tensor | None) -> torch.Tensor:
-    """Residual-stream rows ``(T, d)`` permuted by ``residual`` and then flipped by ``signs`` (each optional)."""
+def _moved(
+    stream: torch.Tensor,
+    residual: torch.Tensor | None,
+    signs: torch.Tensor | None,
+    rotation: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Residual-stream rows ``(T, d)`` permuted by ``residual``, flipped by ``signs``, then rotated by ``rotation``
+    (coordinate ``i`` becomes ``sum_j Q[i, j] x_j``; each optional)."""
     stream = stream if residual is None else stream[:, residual]
-    return stream if signs is None else stream * signs.to(stream)
+    stream = stream if signs is None else stream * signs.to(stream)
+    return stream if rotation is None else stream @ rotation.to(stream).T
 
 
 # What ``equivalent`` compares besides the weights: the buffers (bitwise) and the settings.

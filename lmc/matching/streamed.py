@@ -110,9 +110,11 @@ def _permutations(spec: SymmetrySpec, transform: ModelTransform | None = None) -
     if transform is None:
         hidden = [block.feed_forward.hidden for block in spec.blocks if block.feed_forward]
         return hidden + list(spec.task_heads) + [p for p in (spec.residual, spec.tokens) if p is not None]
-    permutations = [spec.blocks[i].feed_forward.hidden for i in transform.feed_forward]
+    scaled = transform.feed_forward.keys() | transform.feed_forward_scales.keys()
+    permutations = [spec.blocks[i].feed_forward.hidden for i in sorted(scaled)]
     permutations += [spec.task_heads[i] for i in transform.task_heads.keys() | transform.task_head_signs.keys()]
-    permutations += [spec.residual] if transform.residual is not None or transform.residual_signs is not None else []
+    moves_residual = (transform.residual, transform.residual_signs, transform.residual_rotation)
+    permutations += [spec.residual] if any(part is not None for part in moves_residual) else []
     permutations += [spec.tokens] if transform.tokens is not None else []
     return permutations
 

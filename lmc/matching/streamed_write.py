@@ -20,6 +20,7 @@ from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, l
 from lmc.formats.streamed import copy_other_files, open_folder, skeleton, tie_as_loaded
 from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
+from lmc.matching.alignment import record_fold
 from lmc.matching.checks import (
     AttentionProbe,
     check_dtype,
@@ -44,6 +45,7 @@ from lmc.matching.streamed import (
     checked_device,
     release_freed_memory,
 )
+from lmc.matching.streamed_fold import FoldedCheckpoint
 from lmc.symmetry import Scope, SymmetrySpec, check_scope, scope_blocks
 
 STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
@@ -139,7 +141,9 @@ class _AlignedTensors:
         reference = probe.output(source)
         self.references[index] = probe, reference
         transform = self.report.transform
-        error = probe.error(reference, aligned, transform.residual, transform.residual_signs)
+        error = probe.error(
+            reference, aligned, transform.residual, transform.residual_signs, transform.residual_rotation
+        )
         self.report.probe_relative_error = max(self.report.probe_relative_error, error)
         check_probe(error, self.report.check_rtol, self.dtype, options.check_rtol is None, f"layer {layer.name}")
         return source, aligned, target
@@ -248,19 +252,14 @@ def _written_error(
         names = layer.parameters
         probe, reference = references[index]
         transform = report.transform
+        layer_tensors = {name: written[name] for name in names}
         found = probe.error(
-            reference, {name: written[name] for name in names}, transform.residual, transform.residual_signs
+            reference, layer_tensors, transform.residual, transform.residual_signs, transform.residual_rotation
         )
         check_probe(found, report.check_rtol, written[names[0]].dtype, report.options.check_rtol is None,
                     f"layer {layer.name} as written to {written.folder}")  # fmt: skip
         error = max(error, found)
     return error
-
-
-def streams(options: AlignOptions) -> bool:
-    """Whether :func:`align_directories` aligns with ``options``: not yet in the extended group (the fold of both
-    models, the stream's rotations, the units' scales), which aligns in memory."""
-    return options.residual == "permutation" and not options.unit_scales
 
 
 def align_directories(
@@ -312,11 +311,6 @@ def align_directories(
             f"data-aware settings ({options.data_settings}) need calibration batches, which a streamed alignment "
             "of two folders does not read: use the weight settings (the defaults)"
         )
-    if not streams(options):
-        raise ValueError(
-            "residual='orthogonal' and unit_scales=True (the extended group) align in memory only for now: load both "
-            "models and call lmc.matching.align (lmc align does so for these options), or use the defaults"
-        )
     check_scope(scope)
     alphas = check_alphas(merge_alphas, "merge alphas")
     started = time.perf_counter()
@@ -340,6 +334,19 @@ def align_directories(
     spec = model_spec(model)
     check_same_attention(spec, model_spec(target_model))
     report = AlignmentReport.start(scope, options, dtype)
+    if options.residual == "orthogonal":  # both read folded (the extended group), as align folds them in memory
+        if scope != "full_model":
+            raise ValueError(
+                f"residual='orthogonal' rotates the residual stream by weight, which scope {scope!r} does not "
+                "align: use scope='full_model', or residual='permutation'"
+            )
+        source, target = FoldedCheckpoint(source, spec.folds), FoldedCheckpoint(target, spec.folds)
+        record_fold(report, spec, source.folded)
+    if options.unit_scales and scope != "full_model":
+        raise ValueError(
+            f"unit_scales=True scales the FFN units inside the whole-model descent, which scope {scope!r} does not "
+            "run: use scope='full_model', or unit_scales=False"
+        )
     descent = _StreamedDescent(source, target, spec, report, dtype, device)
     deferred: list[int] = []
     if options.method != "naive":

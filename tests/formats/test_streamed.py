@@ -191,6 +191,40 @@ def test_a_planted_pair_with_residual_signs_is_recovered_exactly(tmp_path, name,
         torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt-neox-tiny", "phi3-tiny"])
+def test_the_extended_group_streams_as_in_memory(tmp_path, name):
+    """residual='orthogonal' with unit scales on two folders: both read folded (FoldedCheckpoint), the rotation
+    found as in memory, the written model the folded source transformed; a planted rotated, scaled twin comes back
+    to the folded target (O(d) for Llama and Phi-3's fused [gate | up], O(d-1) x Z2 for GPT-NeoX's LayerNorms)."""
+    from lmc.adapters import apply_transform, fold_norms
+    from lmc.matching import AlignOptions
+    from lmc.symmetry import residual_group, sample_transform
+
+    source = randomize_parameters_(create_model(name, dtype=torch.float64), seed=0)
+    spec = model_spec(source)
+    transform = sample_transform(spec, "full_model", torch.Generator().manual_seed(3), rotate=True, scale=True)
+    twin = apply_transform(fold_norms(source), transform, spec)
+    options = AlignOptions(residual="orthogonal", unit_scales=spec.blocks[0].feed_forward.scales is not None)
+
+    report = align_directories(
+        save(twin, tmp_path / "s", True), save(source, tmp_path / "t", False), tmp_path / "out", "full_model",
+        options, merge_alphas=[0.5],
+    )  # fmt: skip
+    _, expected = align(twin, source, "full_model", options)
+
+    assert report.residual_group == expected.residual_group == residual_group(spec).name
+    assert report.folded == expected.folded and report.folded
+    assert report.distance["aligned"] < 1e-10 * report.distance["naive"]
+    assert report.distance == pytest.approx(expected.distance, rel=1e-6, abs=1e-9)
+    written = type(source).from_pretrained(tmp_path / "out" / "aligned", dtype=torch.float64).state_dict()
+    merged = type(source).from_pretrained(tmp_path / "out" / "merged_0.5", dtype=torch.float64).state_dict()
+    folded = fold_norms(source).state_dict()
+    for parameter_name, value in folded.items():
+        scale = float(value.abs().max())
+        torch.testing.assert_close(written[parameter_name], value, rtol=0, atol=1e-10 * scale)
+        torch.testing.assert_close(merged[parameter_name], value, rtol=0, atol=1e-10 * scale)
+
+
 def test_register_tokens_with_their_position_rows_are_streamed_like_in_memory(tmp_path):
     from lmc.adapters import apply_transform, model_spec
     from lmc.symmetry import sample_transform
