@@ -126,8 +126,9 @@ def rotate_axes(
 ) -> None:
     """Move every axis of ``permutation`` but its unsigned ones (the folded gains, which ``Q`` leaves as they are)
     by ``rotation`` ``(d, d)``: entry ``i`` of the result is ``sum_j Q[i, j]`` entry ``j`` of the input, on each
-    stacked copy; in place, computed in float64 and stored in each parameter's dtype (with ``partial``, the
-    tensors present only).
+    stacked copy; in place, computed in :func:`~lmc.symmetry.compute_dtype` of each parameter's dtype (float64 for
+    float64, float32 for float32 and half precision: a rotation sums ``d`` products per entry, which float32 holds to
+    about ``sqrt(d)`` of its rounding) and stored in the parameter's dtype (with ``partial``, the tensors present).
 
     Raises:
         ValueError: An unsigned axis is not constant: the norm it belongs to is not folded, and no rotation
@@ -148,7 +149,8 @@ def rotate_axes(
                 )
             continue
         start, stop = permutation.span((name, axis), parameter.shape[axis])
-        moved = parameter.double().movedim(axis, -1)
+        compute = torch.promote_types(parameter.dtype, torch.float32)
+        moved = parameter.to(compute).movedim(axis, -1)
         units = moved[..., start:stop].unflatten(-1, (-1, size))
-        moved[..., start:stop] = (units @ rotation.to(device=parameter.device, dtype=torch.float64).T).flatten(-2)
+        moved[..., start:stop] = (units @ rotation.to(device=parameter.device, dtype=compute).T).flatten(-2)
         parameter.copy_(moved.movedim(-1, axis).to(parameter.dtype))

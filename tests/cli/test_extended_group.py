@@ -1,5 +1,5 @@
 """`lmc align` and `lmc equivalent` with the extended group (`--residual orthogonal`, `--unit_scales true`) on
-Hugging Face folders: aligned in memory (a streamed alignment does not fold yet), the outputs loadable by the
+Hugging Face folders: streamed (both folders read folded), the outputs loadable by the
 class's own loader, the merges taken against the folded target."""
 
 from __future__ import annotations
