@@ -6,9 +6,12 @@
   functions, one per module of this package, whose docstrings are their ``--help`` (lmc.cli.parsing).
 
 ``lmc --help`` and ``--version`` import no command, and each command imports only its own modules,
-so the help of those whose options are plain values (demo, repro, symmetry, equivalent) loads no
-torch. align's and interpolate's ``--data`` is an ``LMCDataModule``, a Lightning class, and the
-training commands' options are Lightning's Trainer's: their help imports Lightning.
+so the help of the function commands loads no torch: their options are plain values and
+dataclasses. align's and interpolate's ``--data`` is parsed as a plain value
+(:data:`lmc.cli.inputs.DataSource`: a ``configs/data/*.yaml`` file, a class path, a
+``{class_path, init_args}`` mapping, or a path to the user's data) and read into a DataModule by
+the command, after parsing (:func:`lmc.cli.inputs.data_module`); a command's module has no
+``TYPE_CHECKING`` block, which jsonargparse would run.
 
 Errors that come from the user's input (a missing checkpoint, a bad value, an unsupported
 model) print one line and exit with status 2; ``LMC_DEBUG=1`` shows the traceback.
