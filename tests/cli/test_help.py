@@ -139,3 +139,23 @@ def test_lmc_prints_the_kept_help_without_rendering_it(capsys):
 )
 def test_only_a_plain_help_of_a_trainer_command_is_kept(argv, kept):
     assert help_cache.kept_help_asked(argv) == kept
+
+
+def test_keep_help_renders_each_trainer_commands_help_once(monkeypatch, capsys):
+    """What make install runs, so that a new user's first lmc run --help is fast too."""
+    import lmc.cli
+
+    rendered = []
+
+    def render(name: str, argv: list[str]) -> None:
+        rendered.append((name, argv))
+        print(f"help of lmc {name}")
+        raise SystemExit(0)
+
+    monkeypatch.setattr(lmc.cli, "_run_command", render)
+    for _ in range(2):
+        lmc.cli.keep_help()
+    assert rendered == [(name, ["--help"]) for name in help_cache.KEPT_HELP_COMMANDS]  # once each
+    assert capsys.readouterr().out == ""
+    for name in help_cache.KEPT_HELP_COMMANDS:
+        assert _help([name, "--help"], capsys) == f"help of lmc {name}\n"
