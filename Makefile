@@ -15,6 +15,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -c 'import lmc.cli; lmc.cli.keep_help()'  # lmc run/fit --help, fast from the first (lmc.cli.help_cache)
 	touch $@
 
 install: $(BIN)/.installed  ## Create .venv and install lmc with its pinned dependencies

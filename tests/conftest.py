@@ -15,3 +15,4 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, tor
 @pytest.fixture(autouse=True)
 def _isolated_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the kept helps (lmc.cli.help_cache)

@@ -27,7 +27,7 @@ ALLOWED = {
     "data": {"tasks"},
     "training": {"adapters", "checkpoints", "data", "io", "lazy", "models", "symmetry", "tasks"},
     "connectivity": {"data", "io", "matching", "symmetry", "tasks"},
-    "formats": {"adapters", "checkpoints", "data", "io", "symmetry", "tasks"},
+    "formats": {"adapters", "checkpoints", "data", "io", "lazy", "symmetry", "tasks"},
     "experiments": {"adapters", "checkpoints", "configs", "connectivity", "io", "matching", "symmetry", "training"},
     "cli": {
         "adapters", "checkpoints", "configs", "connectivity", "data", "experiments", "formats", "io", "matching",

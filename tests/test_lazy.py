@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-LAZY_PACKAGES = ("lmc.matching", "lmc.symmetry", "lmc.training")
+LAZY_PACKAGES = ("lmc.formats", "lmc.matching", "lmc.symmetry", "lmc.training")
 
 
 @pytest.mark.parametrize("package", LAZY_PACKAGES)
@@ -23,6 +23,7 @@ def test_every_exported_name_resolves_and_is_listed(package):
 
 def test_the_light_names_that_the_commands_help_reads_load_no_torch():
     code = "import sys\nfrom lmc.matching import AlignOptions, METHODS\nfrom lmc.symmetry import Scope, SCOPES\n"
+    code += "from lmc.formats import EvaluationDataOptions\n"
     code += "print(sorted({'torch', 'lightning'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

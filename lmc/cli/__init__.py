@@ -6,9 +6,15 @@
   functions, one per module of this package, whose docstrings are their ``--help`` (lmc.cli.parsing).
 
 ``lmc --help`` and ``--version`` import no command, and each command imports only its own modules,
-so the help of those whose options are plain values (demo, repro, symmetry, equivalent) loads no
-torch. align's and interpolate's ``--data`` is an ``LMCDataModule``, a Lightning class, and the
-training commands' options are Lightning's Trainer's: their help imports Lightning.
+so the help of the function commands loads no torch: their options are plain values and
+dataclasses. align's and interpolate's ``--data`` is parsed as a plain value
+(:data:`lmc.cli.inputs.DataSource`: a ``configs/data/*.yaml`` file, a class path, a
+``{class_path, init_args}`` mapping, or a path to the user's data) and read into a DataModule by
+the command, after parsing (:func:`lmc.cli.inputs.data_module`); a command's module has no
+``TYPE_CHECKING`` block, which jsonargparse would run. The options of ``run`` and the training
+commands are Lightning's Trainer's and the model's, which only Lightning can list: their plain
+``--help`` is rendered once and kept (:mod:`lmc.cli.help_cache`; :func:`keep_help`, which
+``make install`` runs), so that it too prints without torch.
 
 Errors that come from the user's input (a missing checkpoint, a bad value, an unsupported
 model) print one line and exit with status 2; ``LMC_DEBUG=1`` shows the traceback.
@@ -17,12 +23,14 @@ model) print one line and exit with status 2; ``LMC_DEBUG=1`` shows the tracebac
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
 from collections.abc import Callable
 
 import lmc
+from lmc.cli import help_cache
 from lmc.cli.train import TRAINING_COMMANDS
 
 #: The typed function commands: each is the function of that name in ``lmc.cli.<name>``.
@@ -90,6 +98,13 @@ def _run_command(name: str, argv: list[str]) -> None:
         _function_command(name, argv)
 
 
+def keep_help() -> None:
+    """Render and keep the help of every command whose help needs Lightning (lmc.cli.help_cache), unless kept
+    already: ``make install`` runs it, so that a new user's first ``lmc run --help`` is fast too."""
+    for name in help_cache.KEPT_HELP_COMMANDS:
+        help_cache.keep_help(name, functools.partial(_run_command, name, ["--help"]))
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     from lmc.adapters import UnsupportedModelError
     from lmc.checkpoints import CheckpointError
@@ -106,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     from lmc.cli import parsing
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    if help_cache.kept_help_asked(argv):
+        help_cache.show_help(argv[0], functools.partial(_run_command, argv[0], argv[1:]))
     try:
         parsing.check_config_files(argv)
         if argv and argv[0] in COMMANDS:

@@ -5,18 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+# A lazy package: formats.Checkpoint, in annotations only, would load torch. No TYPE_CHECKING block: jsonargparse
+# runs those of a command's module when it builds the parser, and --help loads no torch.
+from lmc import formats
 from lmc.cli.inputs import (
+    DataSource,
     check_outputs,
+    data_module,
     external_pair,
     refuse_data_aware_external,
     remove_other_merges,
     required,
     trained_scope,
 )
-from lmc.data import LMCDataModule
-from lmc.formats import Checkpoint, detect
 from lmc.matching import AlignOptions
-from lmc.matching.merge import check_alphas
 from lmc.symmetry import Scope
 
 
@@ -29,7 +31,7 @@ def align(
     overwrite: bool = False,
     timm_model: str | None = None,
     timm_args: dict[str, Any] | None = None,
-    data: LMCDataModule | None = None,
+    data: DataSource | None = None,
     options: AlignOptions = AlignOptions(),
     device: str = "cpu",
 ) -> None:
@@ -54,16 +56,18 @@ def align(
         timm_args: timm.create_model arguments of state-dict files, e.g. '{num_classes: 10}'.
         data: The DataModule whose training split calibrates data-aware settings (objective data,
             metric activation or midpoint, unit_matching activation, method learned; required by them only): a
-            configs/data/*.yaml file, or a class path such as lmc.data.Digits.
+            configs/data/*.yaml file, a class path such as lmc.data.Digits, or
+            '{class_path: ..., init_args: {...}}'.
         options: Alignment settings.
         device: Where a streamed alignment (two safetensors folders) computes its Grams, correlations
             and transforms: cpu, or cuda for a GPU (the assignments stay on the CPU).
     """
     from lmc.connectivity import training_calibration
+    from lmc.formats import detect
     from lmc.io import atomic_write_json
     from lmc.matching import align as align_models
     from lmc.matching.alignment import target_frame
-    from lmc.matching.merge import interpolate
+    from lmc.matching.merge import check_alphas, interpolate
     from lmc.training.module import load_trained, require_same_model, save_trained
 
     output = required(output, "--output DIR")
@@ -93,6 +97,7 @@ def align(
     calibration = None
     if options.data_aware:
         data = required(data, "--data FILE_OR_CLASS (the training data that calibrates data-aware options)")
+        data = data_module(data)
         source_module.require_data(data)
         calibration = training_calibration(data, source_module.model_loss, options.calibration_batches)
     aligned, report = align_models(
@@ -111,7 +116,7 @@ def align(
     remove_other_merges(output, outputs[2:])
 
 
-def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None) -> bool:
+def _streamable(checkpoints: tuple[formats.Checkpoint, formats.Checkpoint], scope: Scope | None) -> bool:
     """Whether ``lmc align`` streams: two folders of safetensors (Hugging Face or timm) at a scope that streams
     (``full_model`` where none is given)."""
     from lmc.formats.streamed import streamable
@@ -121,7 +126,7 @@ def _streamable(checkpoints: tuple[Checkpoint, Checkpoint], scope: Scope | None)
 
 
 def _align_streamed(
-    checkpoints: tuple[Checkpoint, Checkpoint],
+    checkpoints: tuple[formats.Checkpoint, formats.Checkpoint],
     output: Path,
     scope: Scope,
     alphas: list[float],
@@ -150,7 +155,7 @@ def _align_external(
     scope: Scope | None,
     alphas: list[float],
     overwrite: bool,
-    checkpoints: tuple[Checkpoint, Checkpoint],
+    checkpoints: tuple[formats.Checkpoint, formats.Checkpoint],
     options: AlignOptions,
 ) -> None:
     """``lmc align`` of Hugging Face or timm checkpoints: outputs in the inputs' own format, checked when read back."""

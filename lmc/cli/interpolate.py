@@ -5,16 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+# A lazy package: formats.Checkpoint, in annotations only, would load torch. No TYPE_CHECKING block: jsonargparse
+# runs those of a command's module when it builds the parser, and --help loads no torch.
+from lmc import formats
 from lmc.cli.inputs import (
+    DataSource,
     check_outputs,
     data_module,
     external_pair,
     refuse_data_aware_external,
     required,
     trained_scope,
+    user_data,
 )
-from lmc.data import LMCDataModule
-from lmc.formats import Checkpoint, EvaluationDataOptions, detect
+from lmc.formats import EvaluationDataOptions
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
 
@@ -22,7 +26,7 @@ from lmc.symmetry import Scope
 def interpolate(
     a: Path,
     b: Path,
-    data: LMCDataModule | Path | None = None,
+    data: DataSource | None = None,
     output_dir: Path | None = None,
     scope: Scope | None = None,
     num_alphas: int = 25,
@@ -45,7 +49,8 @@ def interpolate(
             directory, a timm folder, or a timm state-dict file with --timm_model.
         b: Checkpoint of end point B (alpha = 1), of the same model and format.
         data: What to evaluate on (required). lmc checkpoints: a DataModule, as a
-            configs/data/*.yaml file or a class path such as lmc.data.Digits. Other formats: the
+            configs/data/*.yaml file, a class path such as lmc.data.Digits, or
+            '{class_path: ..., init_args: {...}}'. Other formats: the
             user's own data: causal LMs a .txt file, a save_to_disk folder or a .json, .jsonl,
             .csv or .parquet file with a text column; sequence classifiers such a table with
             text and label columns; BERT masked-LM and pre-training models a .txt file (one
@@ -66,6 +71,7 @@ def interpolate(
 
     from lmc.connectivity import Evaluation, data_identity, training_calibration
     from lmc.connectivity.interpolation import evenly_spaced
+    from lmc.formats import detect
     from lmc.training.module import load_trained, require_same_model
 
     data, output_dir = required(data, "--data FILE_OR_CLASS"), required(output_dir, "--output_dir DIR")
@@ -75,12 +81,10 @@ def interpolate(
     calibration = None
     if external_pair(*checkpoints):
         refuse_data_aware_external(options)
-        if not isinstance(data, Path):
-            raise ValueError("--data of Hugging Face and timm models is a path to your data, not a DataModule")
-        model, reference, evaluation, task = _external_evaluation(*checkpoints, data, data_options)
+        model, reference, evaluation, task = _external_evaluation(*checkpoints, user_data(data), data_options)
         scope = scope or "full_model"
     else:
-        data = data_module(data) if isinstance(data, Path) else data
+        data = data_module(data)
         module, hyperparameters = load_trained(a)
         reference_module, reference_hyperparameters = load_trained(b)
         require_same_model({a: hyperparameters, b: reference_hyperparameters})
@@ -100,7 +104,7 @@ def interpolate(
     )
 
 
-def _external_evaluation(a: Checkpoint, b: Checkpoint, data: Path, data_options: EvaluationDataOptions):
+def _external_evaluation(a: formats.Checkpoint, b: formats.Checkpoint, data: Path, data_options: EvaluationDataOptions):
     """End points A and B of Hugging Face or timm checkpoints and their evaluation on the user's data."""
     from torch.utils.data import DataLoader
 

@@ -357,7 +357,7 @@ class Experiment:
         model = self.config.model
         check_pretrained(path, model.model, model.model_config, "protocol.pretrained")
 
-    def _check_before_work(self) -> None:
+    def check_before_work(self) -> None:
         """Refuse, before any training, every setting that would otherwise fail a later stage: the head
         orders (``protocol.head_orders`` scores every order of the first layer; an alignment's
         ``head_orders`` names aligned layers with orders that fit them) and each phase's ``samples``
@@ -492,7 +492,7 @@ class Experiment:
         import torch
 
         cluster = cluster or self.cluster
-        self._check_before_work()
+        self.check_before_work()
         self._check_fit_tasks(cluster)
         with folder_lock(self.root, "lmc run"):
             jobs = self.jobs()

@@ -247,13 +247,16 @@ class Study:
         """Whether the run of ``strategy`` on ``family`` also scores Table 1 (head orders, matcher variants)."""
         return family.table1 and self.table1 is not None and strategy == "first_attention"
 
-    def arguments(self, family: Family, strategy: Scope) -> list[str]:
-        """The experiment configs of one strategy's run of a family, as LightningCLI arguments; the
-        run's protocol is built from their parse by :meth:`protocol`."""
+    def configs(self, family: Family, strategy: Scope) -> list[str]:
+        """The experiment configs of one strategy's run of a family, in the order they apply."""
         table1 = [self.table1] if self.table1_run(family, strategy) else []
-        configs = [family.experiment, *family.configs, *table1, *self.overlays]
+        return [family.experiment, *family.configs, *table1, *self.overlays]
+
+    def arguments(self, family: Family, strategy: Scope) -> list[str]:
+        """The :meth:`configs` of one strategy's run of a family, as LightningCLI arguments; the
+        run's protocol is built from their parse by :meth:`protocol`."""
         fit = [f"--trainer.{name}={value}" for name, value in self.fit_trainer.items()]
-        arguments = [part for config in configs for part in ("--config", config)]
+        arguments = [part for config in self.configs(family, strategy) for part in ("--config", config)]
         return [*arguments, "--trainer.enable_progress_bar=false", *fit]
 
     def protocol(self, family: Family, strategy: Scope, cli: LightningCLI, pretraining: bool = False) -> Protocol:
@@ -495,6 +498,30 @@ def finished(study: Study, task: Job) -> bool:
     return all(job.finished for job in experiment.jobs())
 
 
+def check_runs(study: Study) -> None:
+    """Refuse, before any job, a run whose settings would fail one of its later stages (what ``lmc run``
+    refuses before any training: :meth:`~lmc.experiments.run.Experiment.check_before_work`).
+
+    Raises:
+        RunError: One line naming the run, its configs and the setting.
+    """
+    from lmc.experiments.protocol import RunError
+
+    for task in schedule(study):
+        if task.strategy is None:  # a pre-training's settings are its family's first run's
+            continue
+        try:  # a config its parser refuses is the job's to report, with its log
+            with contextlib.redirect_stderr(io.StringIO()):
+                experiment = study.experiment(task.family, task.strategy)
+        except SystemExit:
+            continue
+        try:
+            experiment.check_before_work()
+        except RunError as error:
+            configs = ", ".join(study.configs(task.family, task.strategy))
+            raise RunError(f"run {task.name} (configs {configs}): {error}") from None
+
+
 def _task_job(study: Study, task: Job, stages: list[SubmittedJob]) -> SubmittedJob:
     """A task as a job, after its family's pre-training and after ``stages``, the jobs of its run's
     fits and pairs where they are jobs of their own (:func:`_stage_jobs`)."""
@@ -568,6 +595,7 @@ def run_study(
 
     Raises:
         ValueError: ``jobs`` below 1, or fits of several processes on the ``inline`` executor.
+        RunError: A run's settings would fail one of its later stages (:func:`check_runs`), before any job.
         JobFailedError: A task failed (named with its log); the tasks after it were not run.
     """
     if jobs < 1:
@@ -582,6 +610,7 @@ def run_study(
         )
     if ddp:
         study = dataclasses.replace(study, fit_trainer=ddp)
+    check_runs(study)
     with folder_lock(study.output_dir, "lmc repro"):  # two studies never write one folder at once
         atomic_write_json(Path(study.output_dir) / MACHINE, machine())
         submitted = []

@@ -8,16 +8,19 @@ back in the same format);
 tokenizer files); :func:`evaluation_data` reads the user's own evaluation data
 (:class:`EvaluationDataOptions`: split, batch size, columns, sequence length). ``transformers``
 and ``timm`` are imported only when a checkpoint of theirs is read.
+Each name is imported on first use (lmc.lazy): ``EvaluationDataOptions``, whose fields are
+``lmc interpolate``'s flags, loads no torch.
 """
 
-from lmc.formats.evaluation_data import EvaluationData, EvaluationDataOptions, evaluation_data, model_task
-from lmc.formats.external import (
-    Checkpoint,
-    ExternalModel,
-    Format,
-    detect,
-    load_external,
-    require_same_architecture,
+from lmc.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "evaluation_data": ("EvaluationData", "evaluation_data", "model_task"),
+        "evaluation_options": ("EvaluationDataOptions",),
+        "external": ("Checkpoint", "ExternalModel", "Format", "detect", "load_external", "require_same_architecture"),
+    },
 )
 
 __all__ = [

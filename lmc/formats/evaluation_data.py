@@ -32,8 +32,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from lmc.data.base import TensorDictDataset, TokenWindows
+from lmc.formats.evaluation_options import EvaluationDataOptions
 from lmc.formats.masked_lm import CHOSEN_FRACTION, MASK_FRACTION, RANDOM_FRACTION, mask_tokens
-from lmc.tasks import CurveSplit, Task, check_curve_split
+from lmc.tasks import Task
 
 TABLE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
 #: Tokens per sequence of the user's text unless the model covers fewer positions or --sequence_length says.
@@ -42,47 +43,6 @@ DEFAULT_SEQUENCE_LENGTH = 128
 DATASET_SPLITS = {"val": ("validation", "val", "valid", "dev"), "test": ("test",)}
 #: What an external model is evaluated on: lmc's tasks, and BERT's masked-LM objective (evaluation only).
 EvaluationTask = Task | Literal["masked_lm"]
-
-
-@dataclass(frozen=True)
-class EvaluationDataOptions:
-    """How the evaluation data is read and batched (``lmc interpolate``'s data flags).
-
-    ``split`` and ``batch_size`` apply to a DataModule too; the other fields to the user's own
-    data (:func:`evaluation_data`) only. The attribute docstrings are the command-line help.
-    """
-
-    split: CurveSplit = "val"
-    """The split the curves are measured on (of a DataModule, or of a save_to_disk DatasetDict)."""
-
-    batch_size: int | None = None
-    """Evaluation batch size (default: the DataModule's, 32 for the user's data)."""
-
-    text_column: str = "text"
-    """The text column of the user's tables."""
-
-    label_column: str = "label"
-    """The label column of the user's tables (sequence classifiers; BERT pre-training's next-sentence
-    labels of sentence pairs: 0 when the second sentence follows the first, 1 when it is random)."""
-
-    pair_column: str = "text_pair"
-    """The second-sentence column of the user's tables (BERT masked-LM and pre-training models): if the
-    table has it, each row is a sentence pair, and a pre-training model's next-sentence head is scored too."""
-
-    mask_seed: int = 0
-    """The seed of BERT masked-LM evaluation's masks (15 % of the tokens; 80 % masked, 10 % random, 10 % kept),
-    drawn once: every point of the curves sees the same masks."""
-
-    sequence_length: int | None = None
-    """Tokens per sequence of the user's text (windows for causal LMs, the longest text for classifiers and
-    masked LMs); default 128, or the model's positions if it has fewer."""
-
-    def __post_init__(self) -> None:
-        check_curve_split(self.split)
-        for name in ("batch_size", "sequence_length"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"--{name} must be positive, got {value}")
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,19 @@ def _program_arguments_only():
         sys.argv = saved
 
 
+@contextmanager
+def _info_hidden(*loggers: str):
+    """The INFO lines of ``loggers`` (Lightning's) hidden meanwhile; their warnings still show."""
+    levels = {name: logging.getLogger(name).level for name in loggers}
+    for name in loggers:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
 #: reStructuredText markup of docstrings (``code``, :func:`~lmc.x.y`), shown as plain text in --help.
 _ROLE = re.compile(r":(?:mod|func|class|meth|attr|data):`~?([^`]+)`")
 
@@ -167,20 +180,18 @@ def lightning_cli(
 
         def _set_seed(self) -> None:
             # The seed is in the saved config; Lightning's "Seed set to" line would come before any one-line error.
-            seed_logger = logging.getLogger("lightning.fabric.utilities.seed")
-            level = seed_logger.level
-            seed_logger.setLevel(logging.WARNING)
-            try:
+            with _info_hidden("lightning.fabric.utilities.seed"):
                 super()._set_seed()
-            finally:
-                seed_logger.setLevel(level)
 
         def add_arguments_to_parser(self, parser) -> None:
             parser.link_arguments("data", "model.data", compute_fn=data_info, apply_on="instantiate")
             for name, group in (groups or {}).items():
                 parser.add_class_arguments(group, name, instantiate=True)
 
-    with _program_arguments_only() if args is not None else nullcontext():
+    # Parsed only (lmc run, a study's runs): the trainer's "GPU available" lines would come before a one-line
+    # refusal of the config (Experiment.check_before_work); each stage's fit shows its own in its log.
+    quiet = _info_hidden("lightning.pytorch", "lightning.fabric") if not run else nullcontext()
+    with _program_arguments_only() if args is not None else nullcontext(), quiet:
         return LMCLightningCLI(
             LMCModule,
             LMCDataModule,

@@ -161,13 +161,14 @@ HEAVY = ("torch", "lightning", "transformers")
         ["repro", "--help"],
         ["symmetry", "--help"],
         ["equivalent", "--help"],
+        ["align", "--help"],
+        ["interpolate", "-h"],
     ],
 )
 def test_help_and_version_import_no_torch(argv):
     """Every help took about 15 s: torch and Lightning were imported before the arguments were parsed.
 
-    Not align's or interpolate's: their --data is typed by LMCDataModule, a LightningDataModule,
-    whose subclasses the help lists.
+    align's and interpolate's too: their --data was typed by LMCDataModule, a LightningDataModule.
     """
     code = f"import sys\nfrom lmc.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
     code += f"print(sorted(set({HEAVY!r}) & set(sys.modules)), file=sys.stderr)"

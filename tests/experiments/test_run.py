@@ -829,6 +829,21 @@ def test_settings_that_would_fail_a_later_stage_are_refused_before_any_training(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_refusal_before_any_training_is_one_line_in_a_fresh_process(tmp_path):
+    """Lightning's "GPU available: False" lines of the parsed trainer came before it. The tests' own process
+    did not show them: Lightning's log handler writes to the standard error of its first import."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "lmc", "run", "--config", _config(tmp_path, finetune={"samples": 5000})]
+    environment = {**os.environ, "PYTHONPATH": str(root)}
+    result = subprocess.run(argv, capture_output=True, text=True, env=environment, timeout=600)
+    assert result.returncode == 2
+    assert result.stderr.startswith("lmc: error: protocol.finetune.samples: ") and result.stderr.count("\n") == 1
+
+
 #: What sbatch says where SLURM is installed but not configured (no slurm.conf, no DNS SRV record).
 UNCONFIGURED_SBATCH = """#!/bin/sh
 echo "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host" >&2

@@ -637,6 +637,33 @@ def test_a_task_whose_config_its_parser_refuses_is_one_line_naming_it_and_its_lo
     assert "model_konfig" in error and str(log) in error and not (tmp_path / "r.md").exists()
 
 
+@pytest.mark.parametrize(
+    ("protocol", "problem"),
+    [
+        ({"finetune": {"samples": 5000}}, "protocol.finetune.samples: train_samples=5000 is more than the "),
+        (
+            {"alignments": [{"method": "full", "head_orders": {3: [0, 1, 2, 3]}}]},
+            "head_orders names attention layer(s) [3], but scope 'first_attention' aligns layers [0]",
+        ),
+    ],
+    ids=["finetune-samples", "head-order-of-an-unaligned-layer"],
+)
+def test_every_runs_settings_are_checked_before_any_job(tmp_path, capsys, protocol, problem):
+    """lmc run refused them before any training; lmc repro pre-trained first, and its run failed after."""
+    overlay = _overlay(tmp_path, "bad_protocol", yaml.safe_dump({"protocol": protocol}))
+    family = {"name": "v", "title": "V", "experiment": "configs/study/vit_rope.yaml", "configs": [overlay]}
+    runs = {"output_dir": str(tmp_path / "runs"), "report": str(tmp_path / "r.md"), "overlays": [QUICK_RUNS]}
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"study": {"families": [family], "strategies": ["first_attention"], **runs}}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["repro", "--study", f'["{study}"]', "--jobs", "1"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and error.startswith("lmc: error: run v/first_attention (configs "), error
+    assert overlay in error and problem in error
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_study_reads_the_packaged_configs_from_any_working_folder(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # no configs/ here
     study = load_study([STUDY, QUICK])
