@@ -16,6 +16,7 @@ from the units' correlations on calibration batches, which no other symmetry cha
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 
 from torch import nn
@@ -75,7 +76,7 @@ def align(
             )
         calibration = calibration.take(options.calibration_batches)
     started = time.perf_counter()
-    spec = check_pair(source, target, scope)
+    spec = group_spec(check_pair(source, target, scope), options)
     dtype = next(source.parameters()).dtype
     report = AlignmentReport.start(scope, options, dtype)
     given = source
@@ -138,6 +139,14 @@ def record_fold(report: AlignmentReport, spec: SymmetrySpec, folded_norms: list[
     group = residual_group(spec)
     report.residual_group = "none" if group is None else group.name + (f" ({group.reason})" if group.reason else "")
     report.folded = folded_norms
+
+
+def group_spec(spec: SymmetrySpec, options: AlignOptions) -> SymmetrySpec:
+    """``spec`` restricted to the group ``options`` align in: ``residual="unsigned"`` leaves out the residual
+    stream's signs (the paper's group of permutations)."""
+    if options.residual != "unsigned" or spec.residual is None:
+        return spec
+    return dataclasses.replace(spec, residual=dataclasses.replace(spec.residual, signs="none"))
 
 
 def target_frame(target: nn.Module, report: AlignmentReport) -> nn.Module:

@@ -16,7 +16,7 @@ Method = Literal["naive", "permutation", "orthogonal", "full", "learned"]
 Metric = Literal["invariant", "weight", "correlation", "activation", "midpoint", "balanced", "rotary"]
 Objective = Literal["weight", "data"]
 UnitMatching = Literal["weight", "activation"]
-Residual = Literal["permutation", "orthogonal"]
+Residual = Literal["unsigned", "permutation", "orthogonal"]
 METHODS: tuple[str, ...] = get_args(Method)
 METRICS: tuple[str, ...] = get_args(Metric)
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
@@ -76,8 +76,9 @@ class AlignOptions:
     have no such units and ignore it."""
 
     residual: Residual = "permutation"
-    """The residual stream's group under ``full_model``: ``permutation`` (the model as stored: permutations of
-    the coordinates with the signs the norms allow) or ``orthogonal`` (both models' foldable norms folded first,
+    """The residual stream's group under ``full_model``: ``unsigned`` (permutations of the coordinates only: the
+    paper's group), ``permutation`` (the model as stored: permutations with the signs the norms allow) or
+    ``orthogonal`` (both models' foldable norms folded first,
     ``lmc.adapters.fold_norms``, then the rotations the family allows: ``O(d)`` for RMSNorm streams, the ``Q``
     with ``Q 1 = +-1`` for LayerNorm ones, the signed permutations where a gain that does not fold forbids a
     rotation; solved by orthogonal Procrustes in the coordinate descent; the aligned model is the folded

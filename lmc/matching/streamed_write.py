@@ -20,7 +20,7 @@ from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, l
 from lmc.formats.streamed import copy_other_files, open_folder, skeleton, tie_as_loaded
 from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
-from lmc.matching.alignment import record_fold
+from lmc.matching.alignment import group_spec, record_fold
 from lmc.matching.checks import (
     AttentionProbe,
     check_dtype,
@@ -331,7 +331,7 @@ def align_directories(
     source, target = source.renamed(saved_names), target.renamed(saved_names)
     tied, ties = tie_as_loaded((model, target_model), (source, target))
     dtype = _check_inputs(source, target, model)
-    spec = model_spec(model)
+    spec = group_spec(model_spec(model), options)
     check_same_attention(spec, model_spec(target_model))
     report = AlignmentReport.start(scope, options, dtype)
     if options.residual == "orthogonal":  # both read folded (the extended group), as align folds them in memory

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lmc.adapters import apply_transform, model_spec
-from lmc.matching import align, equivalent
+from lmc.matching import AlignOptions, align, equivalent
 from lmc.matching.layers import signed_units
 from lmc.symmetry import AxisPermutation, sample_transform
 from tests.architectures import build
@@ -107,3 +107,22 @@ def test_the_signed_assignment_is_the_best_signed_permutation(group, seed):
     assert float(found.sum()) == pytest.approx(brute_force(correlation, unsigned, group == "global"), abs=1e-12)
     if group == "global":
         assert len(signs.unique()) == 1
+
+
+@pytest.mark.parametrize("key", ["llama-gqa", "gpt2"])
+def test_the_papers_group_leaves_the_signs_out(key):
+    """residual='unsigned' aligns with permutations only: a twin with signs stays apart (no residual flip is
+    found), a twin without them is recovered."""
+    model, twin, flips = planted(key)
+    unsigned = AlignOptions(residual="unsigned")
+
+    _, report = align(twin, model, "full_model", unsigned)
+
+    (residual,) = [layer for layer in report.layers if layer.kind == "residual"]
+    assert residual.flipped is None and report.transform.residual_signs is None
+    assert report.distance["aligned"] > 0.01 * report.distance["naive"]
+    spec = model_spec(model)
+    transform = sample_transform(spec, "full_model", torch.Generator().manual_seed(4))
+    transform.residual_signs = None
+    _, plain = align(apply_transform(model, transform, spec), model, "full_model", unsigned)
+    assert plain.distance["aligned"] <= RECOVERED * plain.distance["naive"]
