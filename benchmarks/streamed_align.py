@@ -6,7 +6,7 @@ subprocesses with ``--threads`` torch threads measures:
 
 - the Gram-pass floor: read every attention tensor of both models (``safe_open``) and form each
   layer's Gram blocks (:class:`lmc.matching.grams.LayerGrams`), nothing else;
-- ``lmc.matching.streamed_write.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
+- ``lmc.checkpoint_alignment.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
   the floor, and the peak RSS of the process (``VmHWM``, interpreter and libraries included).
 
 GPT-NeoX shapes (Pythia-6.9B's widths; ``--shapes pythia-6.9b-2layers``) are written and measured
@@ -299,7 +299,7 @@ def measure_io_floor(source: str, target: str, output: str) -> dict:
 
 
 def measure_streamed(source: str, target: str, output: str, scope: str) -> dict:
-    from lmc.matching.streamed_write import align_directories
+    from lmc.checkpoint_alignment import align_directories
 
     start = time.perf_counter()
     report = align_directories(source, target, output, scope)
@@ -520,7 +520,7 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
     shapes = list(results)
     threads = sorted({row["threads"] for row in results.values()})
     lines = [
-        "# Streamed alignment (`lmc.matching.streamed_write.align_directories`): time and peak memory, bf16 Llama and "
+        "# Streamed alignment (`lmc.checkpoint_alignment.align_directories`): time and peak memory, bf16 Llama and "
         "GPT-NeoX shapes",
         "",
         f"Rendered by `benchmarks/streamed_align.py` from `{json_name}` beside this file: do not edit",

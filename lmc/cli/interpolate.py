@@ -5,14 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lmc.cli.inputs import (
-    check_outputs,
-    data_module,
-    external_pair,
-    refuse_data_aware_external,
-    required,
-    trained_scope,
-)
+from lmc.cli.inputs import data_module, required
 from lmc.data import LMCDataModule
 from lmc.formats import Checkpoint, EvaluationDataOptions, detect
 from lmc.matching import AlignOptions
@@ -66,7 +59,10 @@ def interpolate(
 
     from lmc.connectivity import Evaluation, data_identity, training_calibration
     from lmc.connectivity.interpolation import evenly_spaced
-    from lmc.training.module import load_trained, require_same_model
+    from lmc.formats.external import external_pair
+    from lmc.io import check_outputs
+    from lmc.matching.checks import refuse_data_aware_external
+    from lmc.training.module import load_trained, require_same_model, trained_scope
 
     data, output_dir = required(data, "--data FILE_OR_CLASS"), required(output_dir, "--output_dir DIR")
     alphas = evenly_spaced(num_alphas)
