@@ -253,49 +253,50 @@ def _move_into_place(entry: Path, path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_outputs(folder: str | Path, inputs: Sequence[str | Path] = (), stale: str | None = None) -> Iterator[Path]:
-    """Yield an empty temporary folder inside ``folder``; when the block ends, each file and folder written there
-    replaces the one of its name in ``folder``.
+    """Yield an empty temporary folder; when the block ends, each file and folder written there replaces the one of
+    its name in ``folder``.
 
-    Every output of a command is built before any is moved into place (a rename each), so a failure
-    leaves ``folder`` as it was, and no reader sees a half-written file or folder. Other files of
-    ``folder`` stay, except the entries matching ``stale`` that the block did not write (the
-    merges of an earlier run at other alphas), which are removed once the new outputs are in
-    place; an input is never removed. A ``folder`` created here is removed again on a failure.
+    Every output of a command is built before any is moved into place, so a failure or a kill
+    leaves ``folder`` as it was, and no reader sees a half-written output. A new ``folder`` is
+    written as ``.<name>.<random>.tmp`` beside it and renamed into place whole; into an existing
+    one, the temporary folder lies inside it and each output is renamed into place. Other files of
+    ``folder`` stay, except the entries matching ``stale`` that the block did not write (the merges
+    of an earlier run at other alphas), removed once the new outputs are in place; an input is
+    never removed. A temporary folder a kill left is removed by the next write of ``folder``.
 
     Raises:
         WriteError: ``folder`` cannot be created or written (naming ``folder``, not the temporary one).
     """
     folder = Path(folder)
-    created = not folder.exists()
-    key = folder / "outputs"  # the temporary is .outputs.<random>.tmp, removed by the next write if a kill left it
-    temporary = _temporary_beside(key)
+    inside = folder / "outputs"  # the temporary of an existing folder: .outputs.<random>.tmp inside it
+    temporary = _temporary_beside(inside if folder.is_dir() else folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(key)
+        temporary.parent.mkdir(parents=True, exist_ok=True)
+        for killed in (folder, inside):
+            remove_stale_temporaries(killed)
         temporary.mkdir()
     except OSError as error:
-        reason = unwritable_reason(folder) or error.strerror or str(error)
+        reason = unwritable_reason(temporary.parent) or error.strerror or str(error)
         raise WriteError(f"cannot write {folder}: {reason}") from error
     try:
         with _writing(temporary):
             yield temporary
             _give_new_file_modes(temporary)
-            written = sorted(temporary.iterdir())
-            for entry in written:
-                _move_into_place(entry, folder / entry.name)
-        temporary.rmdir()
+            written = {entry.name for entry in temporary.iterdir()}
+            if temporary.parent == folder:
+                for name in sorted(written):
+                    _move_into_place(temporary / name, folder / name)
+                temporary.rmdir()
+            else:
+                temporary.replace(folder)
     except BaseException as error:
         shutil.rmtree(temporary, ignore_errors=True)
-        if created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only if nothing else was put there meanwhile
         if isinstance(error, OSError) and not isinstance(error, WriteError):
-            reason = unwritable_reason(folder) or error.strerror or str(error)
+            reason = unwritable_reason(temporary.parent) or error.strerror or str(error)
             raise WriteError(f"cannot write {folder}: {reason}") from error
         raise
-    names = {entry.name for entry in written}
     for path in sorted(folder.glob(stale)) if stale else []:
-        if path.name not in names and overlapping_input(path, inputs) is None:
+        if path.name not in written and overlapping_input(path, inputs) is None:
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
