@@ -167,6 +167,20 @@ def overlapping_input(output: str | Path, inputs: Sequence[str | Path]) -> Path 
     return None
 
 
+def check_outputs(outputs: Sequence[str | Path], inputs: Sequence[str | Path], overwrite: bool) -> None:
+    """Refuse outputs that would replace (or lie inside, or hold) an input, lie in a file, or replace results
+    without ``overwrite``: the one check of every command's outputs, before any work."""
+    for path in map(Path, outputs):
+        clash = overlapping_input(path, inputs)
+        if clash is not None:
+            raise ValueError(f"the output {path} would replace an input ({clash}): choose another output folder")
+        if path.parent.exists() and not path.parent.is_dir():
+            raise ValueError(f"the output folder {path.parent} is a file: choose a folder")
+    existing = [str(path) for path in outputs if Path(path).exists()]
+    if existing and not overwrite:
+        raise ValueError(f"{', '.join(existing)} already exist: pass --overwrite true to replace them")
+
+
 def _give_new_file_modes(folder: Path) -> None:
     """Every file under ``folder`` gets the mode any new file gets here (``0o666`` less the umask):
     some writers set their own (safetensors writes ``0o600``)."""
@@ -223,6 +237,67 @@ def atomic_output_folder(folder: str | Path, inputs: Sequence[str | Path] = ()) 
             reason = unwritable_reason(folder.parent) or error.strerror or str(error)
             raise WriteError(f"cannot write {folder}: {reason}") from error
         raise
+
+
+def _move_into_place(entry: Path, path: Path) -> None:
+    """``entry`` (a file or a folder) renamed to ``path``; an existing ``path`` is retired first, then removed."""
+    remove_stale_temporaries(path)
+    if not (path.exists() or path.is_symlink()):
+        entry.replace(path)
+        return
+    retired = _temporary_beside(path, "old")
+    path.replace(retired)
+    entry.replace(path)
+    shutil.rmtree(retired, ignore_errors=True) if retired.is_dir() else retired.unlink()
+
+
+@contextlib.contextmanager
+def atomic_outputs(folder: str | Path, inputs: Sequence[str | Path] = (), stale: str | None = None) -> Iterator[Path]:
+    """Yield an empty temporary folder; when the block ends, each file and folder written there replaces the one of
+    its name in ``folder``.
+
+    Every output of a command is built before any is moved into place, so a failure or a kill
+    leaves ``folder`` as it was, and no reader sees a half-written output. A new ``folder`` is
+    written as ``.<name>.<random>.tmp`` beside it and renamed into place whole; into an existing
+    one, the temporary folder lies inside it and each output is renamed into place. Other files of
+    ``folder`` stay, except the entries matching ``stale`` that the block did not write (the merges
+    of an earlier run at other alphas), removed once the new outputs are in place; an input is
+    never removed. A temporary folder a kill left is removed by the next write of ``folder``.
+
+    Raises:
+        WriteError: ``folder`` cannot be created or written (naming ``folder``, not the temporary one).
+    """
+    folder = Path(folder)
+    inside = folder / "outputs"  # the temporary of an existing folder: .outputs.<random>.tmp inside it
+    temporary = _temporary_beside(inside if folder.is_dir() else folder)
+    try:
+        temporary.parent.mkdir(parents=True, exist_ok=True)
+        for killed in (folder, inside):
+            remove_stale_temporaries(killed)
+        temporary.mkdir()
+    except OSError as error:
+        reason = unwritable_reason(temporary.parent) or error.strerror or str(error)
+        raise WriteError(f"cannot write {folder}: {reason}") from error
+    try:
+        with _writing(temporary):
+            yield temporary
+            _give_new_file_modes(temporary)
+            written = {entry.name for entry in temporary.iterdir()}
+            if temporary.parent == folder:
+                for name in sorted(written):
+                    _move_into_place(temporary / name, folder / name)
+                temporary.rmdir()
+            else:
+                temporary.replace(folder)
+    except BaseException as error:
+        shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(error, OSError) and not isinstance(error, WriteError):
+            reason = unwritable_reason(temporary.parent) or error.strerror or str(error)
+            raise WriteError(f"cannot write {folder}: {reason}") from error
+        raise
+    for path in sorted(folder.glob(stale)) if stale else []:
+        if path.name not in written and overlapping_input(path, inputs) is None:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 class FolderInUseError(OSError):

@@ -28,10 +28,13 @@ ALLOWED = {
     "training": {"adapters", "checkpoints", "data", "io", "lazy", "models", "symmetry", "tasks"},
     "connectivity": {"data", "io", "matching", "symmetry", "tasks"},
     "formats": {"adapters", "checkpoints", "data", "io", "lazy", "symmetry", "tasks"},
+    "checkpoint_alignment": {
+        "checkpoints", "connectivity", "data", "formats", "io", "matching", "symmetry", "training",
+    },
     "experiments": {"adapters", "checkpoints", "configs", "connectivity", "io", "matching", "symmetry", "training"},
     "cli": {
-        "adapters", "checkpoints", "configs", "connectivity", "data", "experiments", "formats", "io", "matching",
-        "models", "symmetry", "training",
+        "adapters", "checkpoint_alignment", "checkpoints", "configs", "connectivity", "data", "experiments",
+        "formats", "io", "matching", "models", "symmetry", "training",
     },
     "__main__": {"cli"},
 }  # fmt: skip

@@ -6,7 +6,7 @@ subprocesses with ``--threads`` torch threads measures:
 
 - the Gram-pass floor: read every attention tensor of both models (``safe_open``) and form each
   layer's Gram blocks (:class:`lmc.matching.grams.LayerGrams`), nothing else;
-- ``lmc.matching.streamed_write.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
+- ``lmc.checkpoint_alignment.align_directories`` at ``all_attention`` (``method="full"``): time, its ratio to
   the floor, and the peak RSS of the process (``VmHWM``, interpreter and libraries included).
 
 GPT-NeoX shapes (Pythia-6.9B's widths; ``--shapes pythia-6.9b-2layers``) are written and measured

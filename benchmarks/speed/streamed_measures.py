@@ -140,7 +140,7 @@ def measure_io_floor(source: str, target: str, output: str) -> dict:
 
 
 def measure_streamed(source: str, target: str, output: str, scope: str) -> dict:
-    from lmc.matching.streamed_write import align_directories
+    from lmc.checkpoint_alignment import align_directories
 
     start = time.perf_counter()
     report = align_directories(source, target, output, scope)

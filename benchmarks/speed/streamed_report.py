@@ -26,7 +26,7 @@ def render(results: dict[str, dict[str, Any]], json_name: str = "streamed_align.
     shapes = list(results)
     threads = sorted({row["threads"] for row in results.values()})
     lines = [
-        "# Streamed alignment (`lmc.matching.streamed_write.align_directories`): time and peak memory, bf16 Llama and "
+        "# Streamed alignment (`lmc.checkpoint_alignment.align_directories`): time and peak memory, bf16 Llama and "
         "GPT-NeoX shapes",
         "",
         f"Rendered by `python -m benchmarks streamed_align` from `{json_name}` beside this file: do not edit",

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lmc.cli.inputs import check_outputs, external_pair, trained_scope
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
 
@@ -50,7 +49,8 @@ def equivalent(
             (default per dtype).
     """
     from lmc.formats import detect
-    from lmc.io import atomic_write_json
+    from lmc.formats.external import external_pair
+    from lmc.io import atomic_write_json, check_outputs
     from lmc.matching import equivalent as equivalent_models
 
     if output is not None:
@@ -67,6 +67,8 @@ def equivalent(
         model_a, model_b = _external_models(*checkpoints)
         scope = scope or "full_model"
     else:
+        from lmc.training.module import trained_scope
+
         model_a, model_b, hyperparameters = _lmc_models(a, b)
         scope = scope or trained_scope(hyperparameters)
     result = equivalent_models(model_a, model_b, scope=scope, options=options, rtol=rtol)

@@ -8,16 +8,7 @@ from typing import Any
 # A lazy package: formats.Checkpoint, in annotations only, would load torch. No TYPE_CHECKING block: jsonargparse
 # runs those of a command's module when it builds the parser, and --help loads no torch.
 from lmc import formats
-from lmc.cli.inputs import (
-    DataSource,
-    check_outputs,
-    data_module,
-    external_pair,
-    refuse_data_aware_external,
-    required,
-    trained_scope,
-    user_data,
-)
+from lmc.cli.inputs import DataSource, data_module, required, user_data
 from lmc.formats import EvaluationDataOptions
 from lmc.matching import AlignOptions
 from lmc.symmetry import Scope
@@ -72,7 +63,10 @@ def interpolate(
     from lmc.connectivity import Evaluation, data_identity, training_calibration
     from lmc.connectivity.interpolation import evenly_spaced
     from lmc.formats import detect
-    from lmc.training.module import load_trained, require_same_model
+    from lmc.formats.external import external_pair
+    from lmc.io import check_outputs
+    from lmc.matching.checks import refuse_data_aware_external
+    from lmc.training.module import load_trained, require_same_model, trained_scope
 
     data, output_dir = required(data, "--data FILE_OR_CLASS"), required(output_dir, "--output_dir DIR")
     alphas = evenly_spaced(num_alphas)

@@ -169,6 +169,16 @@ def require_same_architecture(source: ExternalModel, target: ExternalModel) -> N
             )
 
 
+def external_pair(a: Checkpoint, b: Checkpoint) -> bool:
+    """Whether A and B are Hugging Face or timm checkpoints (``False``: lmc checkpoints); mixed formats are refused."""
+    if (a.format == "lmc") != (b.format == "lmc"):
+        raise CheckpointError(
+            f"{a.path} is {FORMAT_NAMES[a.format]} but {b.path} is {FORMAT_NAMES[b.format]}: give two checkpoints "
+            "of one format"
+        )
+    return a.format != "lmc"
+
+
 def alignment_document(
     source: Path, target: Path, format: str, report, written_error: float, outputs: dict[str, Path]
 ) -> dict[str, Any]:

@@ -34,7 +34,8 @@ def weight_files(checkpoint: Checkpoint) -> list[Path] | None:
 
 
 def streamable(checkpoint: Checkpoint) -> bool:
-    """Whether :func:`align_directories` reads ``checkpoint``: a Hugging Face or timm folder of safetensors."""
+    """Whether ``lmc align`` streams ``checkpoint`` (:mod:`lmc.matching.streamed_write`): a Hugging Face or timm folder
+    of safetensors."""
     files = weight_files(checkpoint)
     return files is not None and all(path.suffix == ".safetensors" for path in files)
 

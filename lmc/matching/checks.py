@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from lmc.adapters import adapter_for, model_spec, scope_parameters
+from lmc.matching.options import AlignOptions
 from lmc.matching.results import PROBE_RTOL, AlignmentError, dtype_name
 from lmc.symmetry import AttentionSpec, Scope, SymmetrySpec, check_scope, head_rows
 
@@ -159,6 +160,17 @@ def probe_error(source: nn.Module, aligned: nn.Module, batch_size: int, seed: in
             "alignment can be checked; its weights overflow the forward pass (cast both models to float64 or rescale)"
         )
     return float((output - reference).double().norm() / reference.double().norm())
+
+
+def refuse_data_aware_external(options: AlignOptions) -> None:
+    """Refuse settings that read activations for Hugging Face and timm checkpoints (in memory or streamed): they
+    calibrate on an lmc DataModule's training split, which lmc does not have for those formats."""
+    if options.data_aware:
+        raise ValueError(
+            f"data-aware alignment settings ({options.data_settings}) calibrate on an lmc DataModule's training "
+            "split, which Hugging Face and timm checkpoints do not have here: use the weight settings (the defaults) "
+            "for them"
+        )
 
 
 def check_head_orders(head_orders: dict[int, list[int]] | None, attention: list[int], scope: Scope) -> None:

@@ -1,6 +1,6 @@
 """Align checkpoints larger than memory, one layer at a time: two folders of safetensors in, one out.
 
-:func:`~lmc.matching.streamed_write.align_directories` reads two Hugging Face ``save_pretrained``
+:func:`~lmc.matching.streamed_write.write_streamed` reads two Hugging Face ``save_pretrained``
 folders (``model.safetensors`` or sharded ``model-0000x-of-0000y.safetensors`` with their index) or
 timm folders (``model.safetensors`` beside timm's ``config.json``) as lazy mappings
 (:class:`~lmc.formats.safetensors.SafetensorsCheckpoint`) and writes the aligned model, and any

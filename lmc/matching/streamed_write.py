@@ -1,7 +1,8 @@
 """The write pass of the streamed alignment (:mod:`lmc.matching.streamed`): the checks, the shards and the merges.
 
-:func:`align_directories` aligns two safetensors folders with the streamed search and writes the
-aligned model, and any merges, shard by shard.
+:func:`write_streamed` aligns two safetensors folders with the streamed search and writes the
+aligned model, and any merges, shard by shard (the route of
+:func:`lmc.checkpoint_alignment.align_checkpoints` for such folders).
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from torch import nn
 
 from lmc.adapters import adapter_for, model_spec, scope_parameters
 from lmc.checkpoints import CheckpointError
-from lmc.formats.external import Checkpoint, ExternalModel, alignment_document, require_same_architecture
+from lmc.formats.external import Checkpoint, ExternalModel, require_same_architecture
 from lmc.formats.safetensors import SAFETENSORS_DTYPES, SafetensorsCheckpoint, loaded_ties, write_tensor
 from lmc.formats.streamed import copy_other_files, open_folder, skeleton, tie_as_loaded
-from lmc.io import atomic_output_folder, atomic_write_json, check_output_folder, overlapping_input
 from lmc.matching import AlignmentError, AlignmentReport, AlignOptions
 from lmc.matching.alignment import group_spec, record_fold
 from lmc.matching.checks import (
@@ -32,8 +32,7 @@ from lmc.matching.checks import (
     check_unchanged,
 )
 from lmc.matching.descent import weight_alignment
-from lmc.matching.merge import check_alphas, interpolate
-from lmc.matching.options import checked_options
+from lmc.matching.merge import interpolate
 from lmc.matching.permutation import squared_distance
 from lmc.matching.streamed import (
     _Checked,
@@ -42,14 +41,10 @@ from lmc.matching.streamed import (
     _rows_moved,
     _StreamedDescent,
     _Transformed,
-    checked_device,
     release_freed_memory,
 )
 from lmc.matching.streamed_fold import FoldedCheckpoint
-from lmc.symmetry import Scope, SymmetrySpec, check_scope, scope_blocks
-
-STREAMED_SCOPES: tuple[str, ...] = ("first_attention", "all_attention", "first_block", "full_model")
-"""The scopes :func:`align_directories` streams."""
+from lmc.symmetry import Scope, SymmetrySpec, scope_blocks
 
 
 def _check_inputs(source: SafetensorsCheckpoint, target: SafetensorsCheckpoint, model: nn.Module) -> torch.dtype:
@@ -262,66 +257,42 @@ def _written_error(
     return error
 
 
-def align_directories(
-    source_dir: Checkpoint | str | Path,
-    target_dir: Checkpoint | str | Path,
-    output_dir: str | Path,
-    scope: Scope = "first_attention",
-    options: AlignOptions | None = None,
-    merge_alphas: Iterable[float] = (),
-    overwrite: bool = False,
-    device: str | torch.device = "cpu",
-) -> AlignmentReport:
-    """Align the model saved in ``source_dir`` to the one in ``target_dir``, streaming both.
+def write_streamed(
+    pair: tuple[Checkpoint, Checkpoint],
+    folder: Path,
+    scope: Scope,
+    options: AlignOptions,
+    alphas: list[float],
+    device: torch.device,
+) -> tuple[AlignmentReport, float]:
+    """Align the model of a Hugging Face or timm folder of safetensors to another's, streaming both, and write
+    ``folder/aligned`` (sharded like the source) and ``folder/merged_<a>`` for each alpha, shard by shard.
 
-    Writes ``output_dir/aligned`` (a folder computing the source's function, sharded like the
-    source), ``output_dir/merged_<a>`` for each alpha ``a`` (``(1 - a) * target + a * aligned``)
-    and ``output_dir/report.json`` (:func:`~lmc.formats.external.alignment_document`: the alignment
-    report, the per-layer probe check and that of the written layers read back). Half-precision
-    weights are aligned in float32 (the per-head problems in float64) and written back in their
-    stored dtype.
+    The route of :func:`lmc.checkpoint_alignment.align_checkpoints` for two such folders, which checks
+    the options, alphas, device and outputs and writes ``report.json``. Half-precision weights are
+    aligned in float32 (the per-head problems in float64) and written back in their stored dtype.
 
     Args:
-        source_dir: Hugging Face or timm folder of the model to transform (never modified).
-        target_dir: Folder of the model to come close to: same architecture, tensors and dtype.
-        output_dir: Folder to create (written under a temporary name, renamed into place when
-            complete; it may not overlap an input).
-        scope: One of :data:`STREAMED_SCOPES`; every parameter outside it must be identical in both.
+        pair: The source's and the target's folder, as :func:`~lmc.formats.detect` found them (never modified).
+        folder: An existing empty folder (the temporary one of the outputs).
+        scope: Every parameter outside it must be identical in both.
         options: As for :func:`lmc.matching.align`; ``probe_batch_size`` is unused (each layer is
             probed with 16 tokens) and ``seed`` seeds the probe.
-        merge_alphas: Alphas in ``[0, 1]`` of the merges to write.
-        overwrite: Replace an existing ``output_dir`` (only once the new one is complete).
+        alphas: Checked alphas in ``[0, 1]`` of the merges to write.
         device: Where the solves run: each tensor read is moved there, so the Grams, correlations
-            and transforms of the search are computed there (``"cuda"``: a GPU); the assignments
-            run on the CPU, and the output is transformed and written from the CPU.
+            and transforms of the search are computed there; the assignments run on the CPU, and the
+            output is transformed and written from the CPU.
 
     Returns:
-        The report, as :func:`lmc.matching.align`'s; ``probe_relative_error`` is the largest over
-        the aligned attention layers.
+        The report, as :func:`lmc.matching.align`'s (``probe_relative_error`` is the largest over the
+        aligned attention layers), and the largest probe error of the written layers read back.
 
     Raises:
-        CheckpointError: A folder is not a safetensors Hugging Face or timm folder, or a shard is corrupted.
+        CheckpointError: A folder does not fit its config, or a shard is corrupted.
         AlignmentError: As :func:`lmc.matching.align`.
-        ValueError: A bad scope, alpha or output folder.
     """
-    options = checked_options(options)
-    device = checked_device(device)
-    if options.data_aware:
-        raise ValueError(
-            f"data-aware settings ({options.data_settings}) need calibration batches, which a streamed alignment "
-            "of two folders does not read: use the weight settings (the defaults)"
-        )
-    check_scope(scope)
-    alphas = check_alphas(merge_alphas, "merge alphas")
     started = time.perf_counter()
-    (source_checkpoint, source), (target_checkpoint, target) = open_folder(source_dir), open_folder(target_dir)
-    output = Path(output_dir)
-    clash = overlapping_input(output, [source.folder, target.folder])
-    if clash is not None:
-        raise ValueError(f"the output {output} would overlap the input {clash}: choose a folder outside both")
-    if output.exists() and not overwrite:
-        raise ValueError(f"{output} already exists: choose a new folder or pass overwrite=True to replace it")
-    check_output_folder(output.parent)
+    (source_checkpoint, source), (target_checkpoint, target) = open_folder(pair[0]), open_folder(pair[1])
     model, target_model = skeleton(source_checkpoint, source), skeleton(target_checkpoint, target)
     require_same_architecture(
         ExternalModel(source.folder, source_checkpoint.format, model),
@@ -362,26 +333,20 @@ def align_directories(
     aligned = _Transformed(_Checked(source, "source"), spec, report)
     blocks = _AlignedTensors(aligned, report, dtype, descent if deferred else None, deferred)
     del descent  # what it keeps on the device, unless the write pass aligns layers
-    with atomic_output_folder(output, inputs=[source.folder, target.folder]) as temporary:
-        folders = {None: temporary / "aligned", **{a: temporary / f"merged_{a:g}" for a in alphas}}
-        first = len(report.layers)
-        kept = {name: tied[name] for name, tie in ties.items() if tie}
-        squared = _write(source, target, folders, blocks, parameters, scoped, scope, kept)
-        # The write pass aligned layers in the order the files hold them: report them by layer, as in memory.
-        order = {spec.blocks[index].attention.name: index for index in deferred}
-        report.layers[first:] = sorted(report.layers[first:], key=lambda record: order[record.name])
-        for folder in folders.values():
-            copy_other_files(source.folder, folder)
-        report.distance = {key: value**0.5 for key, value in squared.items()}
-        written = SafetensorsCheckpoint(folders[None], [folders[None] / shard for shard in source.shards])
-        written = written.renamed(saved_names)
-        if loaded_ties(written, tied) != ties:  # from_pretrained would load another model than the one aligned
-            raise AlignmentError(f"{folders[None]} ties {sorted(tied)} otherwise than the source; this is a bug in lmc")
-        written_error = _written_error(written, spec, report, blocks.references)
-        report.seconds = time.perf_counter() - started
-        named = {"aligned": output / "aligned", **{f"merged_{a:g}": output / f"merged_{a:g}" for a in alphas}}
-        document = alignment_document(
-            source.folder, target.folder, source_checkpoint.format, report, written_error, named
-        )
-        atomic_write_json(temporary / "report.json", document)
-    return report
+    folders = {None: folder / "aligned", **{a: folder / f"merged_{a:g}" for a in alphas}}
+    first = len(report.layers)
+    kept = {name: tied[name] for name, tie in ties.items() if tie}
+    squared = _write(source, target, folders, blocks, parameters, scoped, scope, kept)
+    # The write pass aligned layers in the order the files hold them: report them by layer, as in memory.
+    order = {spec.blocks[index].attention.name: index for index in deferred}
+    report.layers[first:] = sorted(report.layers[first:], key=lambda record: order[record.name])
+    for written_folder in folders.values():
+        copy_other_files(source.folder, written_folder)
+    report.distance = {key: value**0.5 for key, value in squared.items()}
+    written = SafetensorsCheckpoint(folders[None], [folders[None] / shard for shard in source.shards])
+    written = written.renamed(saved_names)
+    if loaded_ties(written, tied) != ties:  # from_pretrained would load another model than the one aligned
+        raise AlignmentError(f"{folders[None]} ties {sorted(tied)} otherwise than the source; this is a bug in lmc")
+    written_error = _written_error(written, spec, report, blocks.references)
+    report.seconds = time.perf_counter() - started
+    return report, written_error

@@ -330,6 +330,12 @@ def check_pretrained(
         )
 
 
+def trained_scope(hyperparameters: dict[str, Any]) -> Scope:
+    """The scope a checkpoint's model was re-initialized at for fine-tuning (its hyper-parameters' ``reinit``), the
+    default scope of the commands that align lmc checkpoints; ``full_model`` for a model trained from scratch."""
+    return hyperparameters.get("reinit") or "full_model"
+
+
 def require_same_model(hyperparameters: dict[str | Path, dict[str, Any]]) -> None:
     """Refuse checkpoints (path -> hyper-parameters) whose architectures differ, naming the difference."""
     (first, reference), *others = hyperparameters.items()

@@ -1,4 +1,4 @@
-"""Streamed alignment of save_pretrained folders (lmc.matching.streamed_write.align_directories) equals align()."""
+"""Streamed alignment of save_pretrained folders (lmc.checkpoint_alignment.align_directories) equals align()."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import lmc.formats.streamed
 import lmc.matching.streamed
 import lmc.matching.streamed_write
 from lmc.adapters import adapter_for, model_spec
+from lmc.checkpoint_alignment import align_directories
 from lmc.formats import timm_files
 from lmc.matching import PROBE_RTOL, AlignmentError, align
 from lmc.matching.merge import interpolate
-from lmc.matching.streamed_write import align_directories
 from lmc.models import create_model, randomize_parameters_
 from tests.formats.checkpoints import ADDED_FAMILIES, HF_MODELS, at_every_scope, fine_tuned_pair
 
@@ -356,17 +356,20 @@ def test_a_failure_midway_leaves_no_output(tmp_path, llama_pair, monkeypatch):
 
 def test_existing_output_is_replaced_only_when_asked_and_only_when_complete(tmp_path, llama_pair, monkeypatch):
     output = tmp_path / "out"
-    output.mkdir()
-    (output / "old.txt").write_text("old")
-    with pytest.raises(ValueError, match="already exists"):
+    (output / "aligned").mkdir(parents=True)  # an earlier alignment's outputs
+    (output / "aligned" / "old.txt").write_text("old")
+    (output / "report.json").write_text("old")
+    with pytest.raises(ValueError, match="already exist"):
         align_directories(*llama_pair, output, "all_attention")
     monkeypatch.setattr(lmc.matching.streamed_write, "write_tensor", lambda handle, tensor: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         align_directories(*llama_pair, output, "all_attention", overwrite=True)
-    assert sorted(os.listdir(output)) == ["old.txt"]
+    assert sorted(os.listdir(output)) == ["aligned", "report.json"]
+    assert os.listdir(output / "aligned") == ["old.txt"] and (output / "report.json").read_text() == "old"
     monkeypatch.undo()
     align_directories(*llama_pair, output, "all_attention", overwrite=True)
     assert sorted(os.listdir(output)) == ["aligned", "report.json"]
+    assert "old.txt" not in os.listdir(output / "aligned")
     assert sorted(os.listdir(tmp_path)) == ["out", "source", "target"]
 
 
@@ -374,7 +377,7 @@ def test_bad_pairs_and_outputs_are_refused(tmp_path, llama_pair):
     source_dir, target_dir = llama_pair
     with pytest.raises(AlignmentError, match="everything else must be identical, but model.layers.1"):
         align_directories(source_dir, target_dir, tmp_path / "out", "first_attention")
-    with pytest.raises(ValueError, match="would overlap the input"):
+    with pytest.raises(ValueError, match="would replace an input"):
         align_directories(source_dir, target_dir, source_dir / "aligned", "all_attention")
     with pytest.raises(ValueError, match=r"merge alphas must lie in \[0, 1\]"):
         align_directories(source_dir, target_dir, tmp_path / "out", "all_attention", merge_alphas=[1.5])
@@ -407,7 +410,7 @@ MEMORY_SCRIPT = textwrap.dedent(
     import json, sys
     import lmc.formats.safetensors, lmc.matching.permutation
     from lmc.matching import AlignOptions
-    from lmc.matching.streamed_write import align_directories
+    from lmc.checkpoint_alignment import align_directories
 
     def peak():  # VmHWM: ru_maxrss would start at the parent's resident memory when it forked us
         line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
@@ -563,7 +566,7 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import sys, time
     import lmc.matching.streamed_write
-    from lmc.matching.streamed_write import align_directories
+    from lmc.checkpoint_alignment import align_directories
 
     write, count = lmc.matching.streamed_write.write_tensor, [0]
 
