@@ -31,10 +31,11 @@ ALLOWED = {
     "checkpoint_alignment": {
         "checkpoints", "connectivity", "data", "formats", "io", "matching", "symmetry", "training",
     },
+    "checkpoint_merge": {"formats", "io", "matching", "symmetry", "training"},
     "experiments": {"adapters", "checkpoints", "configs", "connectivity", "io", "matching", "symmetry", "training"},
     "cli": {
-        "adapters", "checkpoint_alignment", "checkpoints", "configs", "connectivity", "data", "experiments",
-        "formats", "io", "matching", "models", "symmetry", "training",
+        "adapters", "checkpoint_alignment", "checkpoint_merge", "checkpoints", "configs", "connectivity", "data",
+        "experiments", "formats", "io", "matching", "models", "symmetry", "training",
     },
     "__main__": {"cli"},
 }  # fmt: skip

@@ -34,7 +34,7 @@ from lmc.cli import help_cache
 from lmc.cli.train import TRAINING_COMMANDS
 
 #: The typed function commands: each is the function of that name in ``lmc.cli.<name>``.
-FUNCTION_COMMANDS = ("align", "interpolate", "equivalent", "demo", "repro", "symmetry")
+FUNCTION_COMMANDS = ("align", "merge", "interpolate", "equivalent", "demo", "repro", "symmetry")
 #: Every command of ``lmc``, in the order ``--help`` lists them.
 COMMANDS = (*TRAINING_COMMANDS, "run", *FUNCTION_COMMANDS)
 
@@ -81,7 +81,7 @@ def _function_command(name: str, argv: list[str]) -> None:
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     function = command(name)
     parser = parsing.parser_for(function)
-    parsing.call(function, parser, parser.parse_args(parsing.underscored(argv)))
+    parsing.call(function, parser, parser.parse_args(parsing.gathered(function, parsing.underscored(argv))))
 
 
 def _run_command(name: str, argv: list[str]) -> None:

@@ -59,6 +59,28 @@ def call(function: Callable[..., None], parser, config) -> None:
     function(**kwargs)
 
 
+def gathered(function: Callable[..., None], argv: list[str]) -> list[str]:
+    """``argv`` with the bare arguments of a command whose one positional parameter is a list (``lmc merge A B C``)
+    gathered into the JSON list jsonargparse reads; every ``--flag`` without ``=`` takes the next token."""
+    import json
+
+    positional = [p for p in inspect.signature(function).parameters.values() if p.default is inspect.Parameter.empty]
+    if len(positional) != 1 or not str(positional[0].annotation).startswith("list["):  # postponed: a string
+        return argv
+    bare, rest, index = [], [], 0
+    while index < len(argv):
+        token = argv[index]
+        if token in ("-h", "--help") or (token.startswith("--") and "=" in token):
+            rest.append(token)
+        elif token.startswith("--"):
+            rest += argv[index : index + 2]
+            index += 1
+        else:
+            bare.append(token)
+        index += 1
+    return [json.dumps(bare), *rest] if bare else rest
+
+
 def underscored(argv: list[str]) -> list[str]:
     """``--merge-alpha 0.5`` -> ``--merge_alpha 0.5``: flags are Python names; both spellings work."""
     result = []

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from lmc.adapters import scope_parameters
-from lmc.matching.alignment import align
+from lmc.matching.alignment import align, target_frame
 from lmc.matching.checks import check_pair
 from lmc.matching.options import AlignOptions, checked_options
 from lmc.matching.results import AlignmentError, AlignmentReport
@@ -136,7 +136,8 @@ def align_many(
             raise AlignmentError(f"model {index} of {len(models)} cannot join model 0: {error}") from None
     names = set(scope_parameters(models[0], scope))
     first = [align(model, models[0], scope, options) for model in models[1:]]
-    aligned = [models[0]] + [model for model, _ in first]
+    # Model 0 is the frame; with the extended group, folded as the others now are.
+    aligned = [target_frame(models[0], first[0][1])] + [model for model, _ in first]
     reports: list[AlignmentReport | None] = [None] + [report for _, report in first]  # model 0 is the frame
     result = ManyAlignment(reports, rounds=0, converged=max_rounds == 0)
     for _ in range(max_rounds):

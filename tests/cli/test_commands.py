@@ -221,3 +221,25 @@ def test_unit_matching_by_activation_needs_no_data_where_no_unit_is_aligned(chec
     assert report["options"]["unit_matching"] == "weight"  # what was done, recorded as such
     error = fails(["align", source, target, "--output", str(tmp_path / "o2"), "--metric", "activation"], capsys)
     assert "--data" in error  # settings that do read activations there still need the data
+
+
+def test_merge_writes_each_aligned_lmc_checkpoint_and_their_average(checkpoints, tmp_path, capsys):
+    """Three lmc checkpoints of one run (the pre-trained model as a member): each aligned one keeps its model's
+    function, the merge is the uniform average of the aligned weights."""
+    output = tmp_path / "out"
+    members = [checkpoints["seed0"], checkpoints["seed1"], checkpoints["seed0"]]
+    main(["merge", *map(str, members), "--output", str(output)])
+    assert "merged with weights [0.333, 0.333, 0.333]" in capsys.readouterr().out
+    names = ["aligned_0.ckpt", "aligned_1.ckpt", "aligned_2.ckpt", "merged.ckpt", "report.json"]
+    assert sorted(p.name for p in output.iterdir()) == names
+    aligned = [load_trained(output / name)[0] for name in names[:3]]
+    for member, module in zip(members, aligned):
+        source, _ = load_trained(member)
+        torch.testing.assert_close(_outputs(module.model), _outputs(source.model), rtol=1e-4, atol=1e-5)
+    merged, _ = load_trained(output / "merged.ckpt")
+    states = [module.model.state_dict() for module in aligned]
+    for name, value in merged.model.state_dict().items():
+        if value.is_floating_point():
+            expected = sum(state[name].double() for state in states) / 3
+            torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=1e-7)
+    assert json.loads((output / "report.json").read_text())["scope"] == "first_attention"
