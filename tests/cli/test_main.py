@@ -120,8 +120,8 @@ def test_help_lists_each_command_once_in_one_block_and_ends_with_its_last_line(c
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: lmc [-h] [--version] COMMAND ...\n")
-    assert set(COMMANDS) == {"fit", "validate", "test", "predict", "run", "align", "interpolate", "equivalent", "demo",
-                             "repro", "symmetry"}  # fmt: skip
+    assert set(COMMANDS) == {"fit", "validate", "test", "predict", "run", "align", "merge", "interpolate", "equivalent",
+                             "demo", "repro", "symmetry"}  # fmt: skip
     block = text[text.index("\ncommands:\n") + 1 :].split("\n\n")[0]
     # an entry: two spaces, its commands, then two spaces or the end of the line before what it does
     listed = [
