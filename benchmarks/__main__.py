@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "align_scaling": "benchmarks.speed.align_scaling",
     "assignment": "benchmarks.speed.assignment",
     "streamed_align": "benchmarks.speed.streamed_align",
+    "extended_group": "benchmarks.speed.extended_group",
     "stage1_orders": "benchmarks.stage1.stage1_orders",
     "stage1_terms": "benchmarks.stage1.stage1_terms",
     "table1_extra": "benchmarks.stage1.table1_extra",
