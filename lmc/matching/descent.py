@@ -34,9 +34,10 @@ from lmc.matching.scales import SCALE_GAIN, best_scales, signed_parts
 from lmc.matching.stage2 import attention_stages
 from lmc.symmetry import AxisPermutation, ModelTransform, SymmetrySpec, compute_dtype, residual_group
 
-ROTATION_GAIN = 1e-10
-"""A residual rotation step that raises the summed correlation by less than this fraction of it changes nothing:
-the coordinate descent stops there (a planted rotation is found to rounding, about 1e-15, in one step)."""
+ROTATION_GAIN = 1e-6
+"""A residual rotation step that raises the summed correlation by less than this fraction of it changes nothing: the
+coordinate descent stops there. A planted rotation is found to rounding (about 1e-15) in one step; on independent
+llama-tiny models (float32), 1e-6 ends the descent after 5 rounds instead of 7, the distance within 3e-6 of 1e-10's."""
 
 
 @dataclass

@@ -19,8 +19,9 @@ import torch
 from lmc.symmetry import AxisPermutation
 from lmc.symmetry.spec import FeedForwardSpec
 
-SCALE_GAIN = 1e-10
-"""A scale step that lowers the units' distance by less than this fraction of their squared norms changes nothing."""
+SCALE_GAIN = 1e-6
+"""A scale step that lowers the units' distance by less than this fraction of their squared norms changes nothing
+(as :data:`~lmc.matching.descent.ROTATION_GAIN` for the rotations)."""
 
 
 def signed_parts(feed_forward: FeedForwardSpec) -> tuple[AxisPermutation, AxisPermutation]:
