@@ -68,6 +68,7 @@ def test_a_run_parses_its_configs_once_and_is_given_its_protocol_as_an_object(mo
     import lmc.experiments.protocol
     import lmc.experiments.run
     import lmc.experiments.study
+    import lmc.experiments.study_config
 
     study = dataclasses.replace(load_study([STUDY]), output_dir=str(tmp_path))
     parsed, protocols = [], {}
@@ -78,7 +79,7 @@ def test_a_run_parses_its_configs_once_and_is_given_its_protocol_as_an_object(mo
         return real(args, run=run)
 
     monkeypatch.setattr(lmc.experiments.protocol, "experiment_cli", counted)
-    monkeypatch.setattr(lmc.experiments.study, "experiment_cli", counted, raising=False)
+    monkeypatch.setattr(lmc.experiments.study_config, "experiment_cli", counted)
     clusters = []
 
     def run(self, cluster=None):
@@ -371,7 +372,7 @@ def test_the_sensitivity_study_spans_8x_in_fine_tuning_samples_and_length_on_eac
 
 
 def test_table1_has_a_column_only_for_the_variants_run():
-    from lmc.experiments.table1 import table1_section
+    from lmc.experiments.report.table1 import table1_section
 
     stats = {"mean": 2.0, "std": 0.5, "min": 1.0, "max": 3.0, "count": 2}
     entry = {name: stats for name in ("rank", "rank_within_noise", "l_hat")} | {"ties": 1, "noise_pairs": 2}
@@ -397,7 +398,7 @@ def test_table1_has_a_column_only_for_the_variants_run():
 
 
 def test_the_held_out_section_says_why_the_paper_finding_is_missed():
-    from lmc.experiments.table1 import held_out_section
+    from lmc.experiments.report.table1 import held_out_section
 
     def stats(mean: float, std: float, count: int = 10) -> dict:
         return {"mean": mean, "std": std, "min": mean - std, "max": mean + std, "count": count}
@@ -455,7 +456,7 @@ def test_the_held_out_section_says_why_the_paper_finding_is_missed():
 
 
 def test_the_refinement_line_weighs_each_rise_against_the_evaluation_noise():
-    from lmc.experiments.table1 import refinement_lines
+    from lmc.experiments.report.table1 import refinement_lines
 
     def alignment(loss_barriers: dict[str, float]) -> dict:
         return {"per_pair": {pair: {"aligned": {"loss_barrier": b}} for pair, b in loss_barriers.items()}}

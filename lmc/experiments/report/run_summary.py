@@ -1,114 +1,23 @@
-"""Summaries of a study over pairs of fine-tuned seeds: every barrier's mean and spread, tables, figures.
+"""A run's summary as files: ``summary.json``, ``summary.csv``, ``summary.md``, figures and TensorBoard curves.
 
-Each pair's result is :func:`lmc.connectivity.measure_connectivity`'s output; the spread over
-pairs is the error bar of a study (one pair is no evidence).
+The statistics are :mod:`lmc.experiments.stats.summary`'s and :mod:`lmc.experiments.stats.table1`'s.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import math
 import shutil
 from pathlib import Path
 from typing import Any
 
 from lmc.connectivity import BARRIERS, NO_BARRIER, curve_figure
-from lmc.experiments.spread import cell, curve_alphas_text, spread
-from lmc.experiments.table1 import HEAD_ORDERS, head_order_table
+from lmc.connectivity.interpolation import CLUSTER_SAMPLES
+from lmc.experiments.report.cells import cell, curve_alphas_text
+from lmc.experiments.stats.summary import ROBUSTNESS
+from lmc.experiments.stats.table1 import OrderStats
+from lmc.experiments.table1 import HALVES, HEAD_ORDERS, RESAMPLES
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text
-
-#: Key of a pair's corruption table (lmc.connectivity.robustness.midpoint_robustness) beside its alignments' results.
-ROBUSTNESS = "robustness"
-#: The metrics of the corruption tables that are summarized.
-ROBUSTNESS_METRICS = ("accuracy", "loss")
-
-
-def summarize_robustness(pairs: dict[tuple[int, int], dict[str, Any]]) -> dict[str, Any]:
-    """Mean and spread over pairs of each model's accuracy and loss, clean and per corruption and severity.
-
-    Returns:
-        ``{"models": [name, ...], "midpoint": alpha, "severities": {corruption: [strength at severity 1, 2, 3]},
-        "accuracy": {model: {"clean": spread, <corruption>: [spread at severity 1, 2, 3]}},
-        "loss": (the same), "per_pair": {"<i>_<j>": {model: {"clean": metrics, <corruption>:
-        [metrics, ...]}}}}`` with :func:`spread`'s statistics.
-    """
-    tables = {f"{i}_{j}": pair[ROBUSTNESS] for (i, j), pair in pairs.items()}
-    first = next(iter(tables.values()))
-    models, severities = list(first["models"]), first["settings"]["severities"]
-    study: dict[str, Any] = {"models": models, "severities": severities, "midpoint": first["settings"]["midpoint"]}
-    for metric in ROBUSTNESS_METRICS:
-        study[metric] = {
-            model: {
-                "clean": spread([t["models"][model]["clean"][metric] for t in tables.values()]),
-                **{
-                    corruption: [
-                        spread([t["models"][model][corruption][level][metric] for t in tables.values()])
-                        for level in range(len(strengths))
-                    ]
-                    for corruption, strengths in severities.items()
-                },
-            }
-            for model in models
-        }
-    study["per_pair"] = {pair: table["models"] for pair, table in tables.items()}
-    return study
-
-
-def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
-    """Mean and spread over pairs of every barrier and barrier ratio, per alignment, and of each
-    alignment's wall time (``alignment_seconds``: apart from the results, it varies between runs).
-    A data-aware alignment's entry also names the ``calibration`` its pairs read (splits and sample
-    counts, each listed once)."""
-    summary: dict[str, Any] = {"pairs": [f"{i}_{j}" for i, j in pairs], "alignments": {}, "alignment_seconds": {}}
-    for label in labels:
-        results = [pair[label] for pair in pairs.values()]
-        entry = {
-            curve: {name: spread([r["curves"][curve][name] for r in results]) for name in BARRIERS}
-            for curve in ("naive", "aligned")
-        }
-        entry["barrier_ratio"] = {
-            name: spread([r["barrier_ratio"][name] for r in results]) for name in ("loss_barrier", "accuracy_barrier")
-        }
-        # The pairs whose naive barrier is below lmc.connectivity.NO_BARRIER, excluded from the ratios by name.
-        entry["no_barrier"] = {
-            name: [
-                f"{i}_{j}" for (i, j), pair in pairs.items() if not math.isfinite(pair[label]["barrier_ratio"][name])
-            ]
-            for name in ("loss_barrier", "accuracy_barrier")
-        }
-        entry["per_pair"] = {
-            f"{i}_{j}": {
-                "naive": {name: pair[label]["curves"]["naive"][name] for name in BARRIERS},
-                "aligned": {name: pair[label]["curves"]["aligned"][name] for name in BARRIERS},
-                "barrier_ratio": pair[label]["barrier_ratio"],
-            }
-            for (i, j), pair in pairs.items()
-        }
-        entry["mean_curves"] = {
-            curve: _mean_curve([r["curves"][curve]["points"] for r in results]) for curve in ("naive", "aligned")
-        }
-        calibrations = [r["settings"]["calibration"] for r in results if "calibration" in r.get("settings", {})]
-        if calibrations:  # what a data-aware alignment read: every pair's split and sample count
-            entry["calibration"] = {
-                "split": sorted({c["split"] for c in calibrations}),
-                "num_samples": sorted({c["num_samples"] for c in calibrations}),
-            }
-        summary["alignments"][label] = entry
-        # Apart from the results: wall time of the alignment itself (not the sweep) varies between runs.
-        summary["alignment_seconds"][label] = spread([r["alignment"]["seconds"] for r in results])
-    return summary
-
-
-def _mean_curve(curves: list[list[dict[str, float]]]) -> list[dict[str, float]]:
-    points = []
-    for index, point in enumerate(curves[0]):
-        row = {"alpha": point["alpha"]}
-        for name in ("loss", "accuracy"):
-            stats = spread([curve[index][name] for curve in curves])
-            row[name], row[f"{name}_std"] = stats["mean"], stats["std"]
-        points.append(row)
-    return points
 
 
 def summary_table(summary: dict[str, Any]) -> str:
@@ -166,6 +75,42 @@ def robustness_table(study: dict[str, Any]) -> list[str]:
         cells = [cell(row["clean"], 3), *(cell(row[c][level], 3) for c, level in columns)]
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     return lines
+
+
+def head_order_table(study: dict[str, Any]) -> list[str]:
+    """The lines of the head-order section of ``summary.md`` (:func:`summarize_head_orders`'s ``study``)."""
+    lines = [
+        f"Head orders of the first attention layer: all {study['orders']}, each followed by the full Stage 2, "
+        f"each order's curve on {study.get('order_alphas', 'all the')} alphas, and the ranks and L_hat compare "
+        "the methods' and the naive barriers on those alphas. "
+        "Rank 1 is the order with the lowest barrier; L_hat = (L_method - L_top1) / (L_naive - L_top1) * 100. "
+        "Orders that cannot change a rank or L_top1 are swept at three alphas only (see lmc.experiments.table1). "
+        f"Against the noise of the evaluation data ({RESAMPLES} bootstrap draws of the evaluated samples, in "
+        f"clusters of {CLUSTER_SAMPLES} consecutive ones): "
+        "`rank within noise` counts only the orders told apart as lower, and `tied with best` the pairs "
+        "whose order the best one is not told apart from. On halves of the evaluated samples "
+        f"({HALVES} random cuts): the L_hat of the alignment's order on one half, and of the order with the "
+        "lowest barrier on the other half (the held-out pick, what the evaluation data itself would choose).",
+        "",
+        "| alignment | rank (loss) | rank within noise (loss) | tied with best (loss) | L_hat loss % "
+        "| L_hat loss % on a half | held-out pick's | rank (accuracy) | L_hat accuracy % |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, entry in study["alignments"].items():
+        loss, accuracy = (OrderStats.from_json(entry[name]) for name in ("loss_barrier", "accuracy_barrier"))
+        halves, pairs = loss.halves.l_hat if loss.halves else None, len(entry["per_pair"])
+        lines.append(
+            f"| {label} | {cell(loss.rank, 1)} | {cell(loss.rank_within_noise, 1, of=pairs)} "
+            f"| {ties(loss)} | {cell(loss.l_hat, 1, of=pairs)} | {cell(halves and halves.stage1, 1, of=pairs)} "
+            f"| {cell(halves and halves.held_out, 1, of=pairs)} "
+            f"| {cell(accuracy.rank, 1)} | {cell(accuracy.l_hat, 1, of=pairs)} |"
+        )
+    return lines
+
+
+def ties(stats: OrderStats) -> str:
+    """``k of n`` pairs whose order is tied with the best one, ``n/a`` where no noise was measured."""
+    return f"{stats.ties} of {stats.noise_pairs}" if stats.noise_pairs else "n/a"
 
 
 def write_summary(root: Path, summary: dict[str, Any]) -> None:

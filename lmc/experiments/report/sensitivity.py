@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from lmc.configs import spelled
-from lmc.experiments.spread import cell
-from lmc.experiments.table1 import ties
+from lmc.experiments.report.cells import cell
+from lmc.experiments.report.run_summary import ties
+from lmc.experiments.stats.table1 import OrderStats
 from lmc.io import nan_for_null
 
 #: The file of :func:`table1_data` in a report's figures folder.
@@ -151,12 +152,12 @@ def _points_table(axis: str, key: str, points: list[dict[str, Any]]) -> list[str
         "|---|---|---|---|" + "---|" * len(_VARIANTS) + "---|---|---|---|",
     ]
     for point in points:
-        pairs, stage1 = point["pairs"], point["stage1"]
+        pairs, stage1 = point["pairs"], OrderStats.from_json(point["stage1"])
         ratios = " | ".join(cell(point["ratios"].get(label), unit=" %", of=pairs) for label in _VARIANTS)
         lines.append(
             f"| {point[key]:,} | {pairs} | {point['end_points'][0]:.3f}, {point['end_points'][1]:.3f} "
-            f"| {cell(point['naive_loss_barrier'], 3)} | {ratios} | {cell(stage1['rank'], of=pairs)} "
-            f"| {cell(stage1['rank_within_noise'], of=pairs)} | {ties(stage1)} | {cell(stage1['l_hat'], of=pairs)} |"
+            f"| {cell(point['naive_loss_barrier'], 3)} | {ratios} | {cell(stage1.rank, of=pairs)} "
+            f"| {cell(stage1.rank_within_noise, of=pairs)} | {ties(stage1)} | {cell(stage1.l_hat, of=pairs)} |"
         )
     return lines
 

@@ -14,18 +14,14 @@ from typing import Any
 
 from lmc.configs import spelled
 from lmc.connectivity import NO_BARRIER
-from lmc.experiments.sensitivity import TABLE1_DATA, sensitivity_section, table1_data
-from lmc.experiments.spread import cell, curve_alphas_text
-from lmc.experiments.summary import ROBUSTNESS, no_barrier_lines, robustness_table
-from lmc.experiments.table1 import appendix_k_section, held_out_section, table1_section
+from lmc.experiments.report.cells import cell, curve_alphas_text
+from lmc.experiments.report.run_summary import no_barrier_lines, robustness_table
+from lmc.experiments.report.sensitivity import TABLE1_DATA, sensitivity_section, table1_data
+from lmc.experiments.report.table1 import appendix_k_section, held_out_section, table1_section
+from lmc.experiments.stats.summary import ROBUSTNESS
+from lmc.experiments.study_config import FIRST_LAYER_INPUTS, MACHINE, TIMES, recorded
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text, nan_for_null
 
-#: Per family: ``lmc.experiments.study.first_layer_inputs`` of its first strategy's seed 0.
-FIRST_LAYER_INPUTS = "first_layer_inputs.json"
-#: The processor and library of the study's last run (``lmc.experiments.study.machine``).
-MACHINE = "machine.json"
-#: Each task's wall time in seconds (``lmc.experiments.study.run_study``).
-TIMES = "times.json"
 PAPER_STRATEGIES = {
     "first_attention": "LMC after alignment",
     "all_attention": "LMC after alignment",
@@ -400,9 +396,3 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
             lines += [f"![{family.title}]({figures.name}/{path.name})", ""]
     atomic_write_text(report, "\n".join(lines).rstrip() + "\n")
     return {"summaries": summaries}
-
-
-def recorded(output_dir: str | Path, name: str) -> dict[str, Any] | None:
-    """A JSON record of a study's output folder (:data:`MACHINE`, :data:`TIMES`), if written."""
-    path = Path(output_dir) / name
-    return json.loads(path.read_text()) if path.is_file() else None
