@@ -87,6 +87,10 @@ class Study:
             ``docs/sensitivity/table1.json``) whose points the report lays out by fine-tuning
             samples and length (``None``: this study's own, where its families share
             pre-trainings through ``pretrained_by``; else no such section).
+        stage1_picked_on: Stage 1 settings chosen by looking at one family's results (as the report
+            names them, e.g. ``metric=midpoint-calibration_batches=all``) -> that family's name: the
+            report counts such a setting's verdict as evidence only on the other families and says
+            where each was picked (a setting not listed was fixed before the study).
         fit_trainer: Trainer settings of every fit over the configs' own: a Lightning DDP fit's
             when the cluster's fits span several processes
             (:meth:`~lmc.experiments.jobs.Cluster.fit_trainer`). :func:`run_study` sets them from
@@ -106,6 +110,7 @@ class Study:
     title: str = "Results: the paper's study at small scale"
     report: str = "docs/results.md"
     sensitivity: str | None = None
+    stage1_picked_on: dict[str, str] = field(default_factory=dict)
     fit_trainer: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -15,9 +15,10 @@ from typing import Any
 from lmc.configs import spelled
 from lmc.connectivity import NO_BARRIER
 from lmc.experiments.report.cells import cell, curve_alphas_text
+from lmc.experiments.report.findings import findings_sections
 from lmc.experiments.report.run_summary import no_barrier_lines, robustness_table
 from lmc.experiments.report.sensitivity import TABLE1_DATA, sensitivity_section, table1_data
-from lmc.experiments.report.table1 import appendix_k_section, held_out_section, table1_section
+from lmc.experiments.report.table1 import appendix_k_section, table1_section
 from lmc.experiments.stats.summary import ROBUSTNESS
 from lmc.experiments.study_config import FIRST_LAYER_INPUTS, MACHINE, TIMES, recorded
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text, nan_for_null
@@ -365,15 +366,13 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
             table1_runs, sources, recorded(study.output_dir, MACHINE), recorded(study.output_dir, TIMES) or {}
         )
         atomic_write_json(figures / TABLE1_DATA, data)
-    held_out = held_out_section(table1_runs)
     lines += [
         "",
         *table1_section(table1_runs),
         "",
         *appendix_k_section(table1_runs),
         "",
-        *held_out,
-        *([""] if held_out else []),
+        *findings_sections(table1_runs, study.stage1_picked_on),
         *_strategies(study, summaries),
     ]
     # Another study's points, or this one's where its families share pre-trainings (the sensitivity study).

@@ -13,8 +13,7 @@ from lmc.connectivity.interpolation import CLUSTER_SAMPLES
 from lmc.experiments.report.cells import cell, curve_alphas_text
 from lmc.experiments.report.run_summary import ties
 from lmc.experiments.stats.table1 import OrderStats
-from lmc.experiments.stats.verdicts import PAPER_FINDING, STANDARD_ERRORS, held_out_verdict
-from lmc.experiments.table1 import HALVES, REFINEMENT, RESAMPLES, TOLD_APART
+from lmc.experiments.table1 import REFINEMENT, RESAMPLES, TOLD_APART
 
 #: The matcher variants of Table 1, by their ``lmc run`` labels.
 VARIANTS = {"permutation": "Variant 1 (Stage 1 only)", "orthogonal": "Variant 2 (orthogonal start)", "full": "full"}
@@ -176,92 +175,4 @@ def appendix_k_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
     metrics = [{label: e for label, e in s["alignments"].items() if label.startswith("full")} for _, s in runs]
     if grids := curve_alphas_text(metrics):
         lines += ["", f"Loss ratios: {grids[0].lower()}{grids[1:]}"]
-    return lines
-
-
-#: :func:`held_out_verdict`'s verdicts, as the report's table prints them.
-VERDICTS = {
-    "met": "met",
-    "missed": "missed: held-out samples pick better orders",
-    "unresolved": "missed, as by the held-out pick: beyond this evaluation's resolution",
-    "inconclusive": "missed, not told apart from the held-out pick",
-    "unmeasured": "missed (no held-out measure)",
-}
-
-
-def held_out_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
-    """The report's comparison of each Stage 1 setting with an order picked on held-out evaluation
-    samples (:func:`held_out_orders`), with its verdict on the paper's finding (:func:`held_out_verdict`);
-    empty where no run measured it."""
-    rows = []
-    for family, summary in runs:
-        for setting, loss in stage1_losses(summary).items():
-            if loss.halves is None:
-                continue
-            pairs, rank, l_hat = loss.halves.pairs, loss.halves.rank, loss.halves.l_hat
-            rows.append(
-                f"| {family.title} | `{setting}` | {pairs} | {cell(rank.stage1, of=pairs)} "
-                f"| {cell(rank.held_out, of=pairs)} | {cell(l_hat.stage1, of=pairs)} "
-                f"| {cell(l_hat.held_out, of=pairs)} | {cell(l_hat.difference, of=pairs)} "
-                f"| {VERDICTS[held_out_verdict(loss)]} |"
-            )
-    if not rows:
-        return []
-    return [
-        "## Stage 1 against an order picked on held-out samples",
-        "",
-        f"The evaluated samples are cut into two random halves ({HALVES} cuts, in clusters of {CLUSTER_SAMPLES}, "
-        "both directions): the order with the lowest loss barrier on one half is the held-out pick, and on the "
-        "other half it and each Stage 1 setting's order (each followed by the full Stage 2) are scored: rank "
-        "among the orders and `L_hat` against that half's best order. Stage 1 sees no evaluation data; the "
-        "held-out pick sees as many samples as it is scored on. `difference` is Stage 1's `L_hat` minus the "
-        "held-out pick's, pair by pair. The paper's finding counts as met where the rank within noise "
-        f"(Table 1) is at most {PAPER_FINDING['rank_within_noise']:g} and `L_hat` at most "
-        f"{PAPER_FINDING['l_hat']:g} %; where it is not, held-out samples pick better orders if the difference "
-        f"exceeds {STANDARD_ERRORS:g} standard errors over pairs, and otherwise the evaluation data cannot "
-        "point to a better order either.",
-        "",
-        "| family | metric | pairs | rank on a half | held-out pick's rank | L_hat on a half "
-        "| held-out pick's L_hat | difference | paper's finding |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *rows,
-        "",
-        *finding_lines(runs),
-    ]
-
-
-def finding_lines(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
-    """Per family: whether the paper's cost (``invariant``) meets the paper's finding, why not where
-    it does not (:func:`held_out_verdict`), and which Stage 1 settings meet it."""
-    lines = []
-    for family, summary in runs:
-        settings = stage1_losses(summary)
-        if "invariant" not in settings:
-            continue
-        paper = settings["invariant"]
-        verdict = held_out_verdict(paper)
-        gap = held = ""
-        if paper.halves is not None and paper.halves.l_hat.difference.count > 1:
-            difference = paper.halves.l_hat.difference
-            gap = (
-                f" (`L_hat` on a half {difference.mean:+.1f} points from the held-out pick's, standard error "
-                f"{difference.standard_error:.1f}, {difference.count} pairs)"
-            )
-            held = f"{paper.halves.l_hat.held_out.mean:.1f} %"
-        outcomes = {
-            "met": "meets the paper's finding",
-            "missed": f"misses it, and held-out samples pick better orders{gap}",
-            "unresolved": f"misses it, and so does an order picked on held-out samples ({held} on a half){gap}: "
-            "the evaluation data cannot point to a better order",
-            "inconclusive": f"misses it, but is not told apart from an order picked on held-out samples{gap}, "
-            f"which leaves {held} on a half",
-            "unmeasured": "misses it (no held-out measure)",
-        }
-        line = f"- {family.title}: the paper's cost (`invariant`) {outcomes[verdict]}"
-        others = [
-            f"`{name}`" for name, loss in settings.items() if name != "invariant" and held_out_verdict(loss) == "met"
-        ]
-        also = "also " if verdict == "met" else ""
-        line += f"; {also}met by {', '.join(others)}." if others else f"; {also}met by no other Stage 1 setting."
-        lines.append(line)
     return lines
