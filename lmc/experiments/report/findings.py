@@ -77,7 +77,7 @@ def finding_section(runs: list[tuple[Any, dict[str, Any]]], picked_on: dict[str,
         "The paper finds Stage 1's head order near the best one (rank near 1, `L_hat` near 0). Checked here as "
         f"rank within noise under {PAPER_FINDING['rank_within_noise']:g} and `L_hat` under "
         f"{PAPER_FINDING['l_hat']:g} %, with the same burden of proof both ways: `met` only where the upper bound "
-        f"of each one's {CONFIDENCE:.0%} interval over pairs (Student's t, in brackets) is under its threshold, "
+        f"of each one's {100 * CONFIDENCE:g} % interval over pairs (Student's t, in brackets) is under its threshold, "
         "`missed` only where a lower bound is over it, `unresolved` otherwise. The raw rank stands beside the "
         "rank within noise. A Stage 1 setting picked on one family counts as evidence only on the others "
         "(`picked on`).",
@@ -136,7 +136,7 @@ def held_out_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         "other half it and each Stage 1 setting's order (each followed by the full Stage 2) are scored: rank "
         "among the orders and `L_hat` against that half's best order. Stage 1 sees no evaluation data; the "
         "held-out pick sees as many samples as it is scored on. `difference` is Stage 1's `L_hat` minus the "
-        f"held-out pick's, pair by pair, with its {CONFIDENCE:.0%} interval over pairs: the held-out pick is "
+        f"held-out pick's, pair by pair, with its {100 * CONFIDENCE:g} % interval over pairs: the held-out pick is "
         "better where the interval lies above 0, Stage 1 where it lies below, and neither is told apart otherwise.",
         "",
         "| family | metric | pairs | rank on a half | held-out pick's rank | L_hat on a half "
