@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from lmc.experiments.stats.spread import Spread
+from lmc.experiments.stats.summary import AlignmentSummary
 
 
 def cell(stats: Spread | dict[str, float] | None, digits: int = 1, unit: str = "", of: int | None = None) -> str:
@@ -23,13 +23,13 @@ def cell(stats: Spread | dict[str, float] | None, digits: int = 1, unit: str = "
     return f"{stats.mean:.{digits}f} ± {stats.std:.{digits}f}{unit}{counted}"
 
 
-def curve_alphas_text(alignments: list[dict[str, dict[str, Any]]]) -> str:
+def curve_alphas_text(alignments: list[dict[str, AlignmentSummary]]) -> str:
     """Which alignments' curves have how many alphas (``protocol.alignment_alphas``), from the
-    ``summary["alignments"]`` of runs; empty when all have the same."""
+    alignments of runs (:func:`~lmc.experiments.stats.summary.alignments_of`); empty when all have the same."""
     labels_by_count: dict[int, list[str]] = {}
     for entries in alignments:
         for label, entry in entries.items():
-            listed = labels_by_count.setdefault(len(entry["mean_curves"]["aligned"]), [])
+            listed = labels_by_count.setdefault(len(entry.mean_curves["aligned"]), [])
             if f"`{label}`" not in listed:
                 listed.append(f"`{label}`")
     if len(labels_by_count) < 2:

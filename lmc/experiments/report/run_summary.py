@@ -14,7 +14,7 @@ from typing import Any
 from lmc.connectivity import BARRIERS, NO_BARRIER, curve_figure
 from lmc.connectivity.interpolation import CLUSTER_SAMPLES
 from lmc.experiments.report.cells import cell, curve_alphas_text
-from lmc.experiments.stats.summary import ROBUSTNESS
+from lmc.experiments.stats.summary import ROBUSTNESS, AlignmentSummary, alignments_of
 from lmc.experiments.stats.table1 import OrderStats
 from lmc.experiments.table1 import HALVES, HEAD_ORDERS, RESAMPLES
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text
@@ -31,17 +31,17 @@ def summary_table(summary: dict[str, Any]) -> str:
         "| aligned acc barrier | acc ratio % |",
         "|---|---|---|---|---|---|---|",
     ]
-    pairs = len(summary["pairs"])
-    for label, entry in summary["alignments"].items():
-        naive, aligned, ratio = entry["naive"], entry["aligned"], entry["barrier_ratio"]
+    pairs, alignments = len(summary["pairs"]), alignments_of(summary)
+    for label, entry in alignments.items():
+        naive, aligned, ratio = entry.naive, entry.aligned, entry.barrier_ratio
         lines.append(
             f"| {label} | {cell(naive['loss_barrier'], 3)} | {cell(aligned['loss_barrier'], 3)} "
             f"| {cell(ratio['loss_barrier'], 1, of=pairs)} | {cell(naive['accuracy_barrier'], 3)} "
             f"| {cell(aligned['accuracy_barrier'], 3)} | {cell(ratio['accuracy_barrier'], 1, of=pairs)} |"
         )
-    if grids := curve_alphas_text([summary["alignments"]]):
+    if grids := curve_alphas_text([alignments]):
         lines += ["", grids]
-    lines += no_barrier_lines(summary["alignments"].get("full") or next(iter(summary["alignments"].values())))
+    lines += no_barrier_lines(alignments.get("full") or next(iter(alignments.values())))
     if summary.get(HEAD_ORDERS):
         lines += ["", *head_order_table(summary[HEAD_ORDERS])]
     if summary.get(ROBUSTNESS):
@@ -49,12 +49,12 @@ def summary_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def no_barrier_lines(entry: dict[str, Any], prefix: str = "") -> list[str]:
+def no_barrier_lines(entry: AlignmentSummary, prefix: str = "") -> list[str]:
     """One line per barrier naming the pairs an alignment's ratios exclude for lack of a naive barrier."""
     return [
         f"- {prefix}no naive {name.replace('_', ' ')} (below {NO_BARRIER[name]:g}), excluded from its ratios: "
         + ", ".join(pairs)
-        for name, pairs in entry.get("no_barrier", {}).items()
+        for name, pairs in (entry.no_barrier or {}).items()
         if pairs
     ]
 
@@ -121,14 +121,15 @@ def write_summary(root: Path, summary: dict[str, Any]) -> None:
     rows = io.StringIO()
     writer = csv.writer(rows)
     writer.writerow(["alignment", "pair", "curve", *BARRIERS])
-    for label, entry in summary["alignments"].items():
-        for pair, values in entry["per_pair"].items():
-            for curve in ("naive", "aligned"):
-                writer.writerow([label, pair, curve, *(f"{values[curve][name]:.8f}" for name in BARRIERS)])
+    alignments = alignments_of(summary)
+    for label, entry in alignments.items():
+        for pair, values in entry.per_pair.items():
+            for curve, barriers in (("naive", values.naive), ("aligned", values.aligned)):
+                writer.writerow([label, pair, curve, *(f"{barriers[name]:.8f}" for name in BARRIERS)])
     atomic_write_text(root / "summary.csv", rows.getvalue())
     atomic_write_text(root / "summary.md", summary_table(summary))
-    for label, entry in summary["alignments"].items():
-        figure = band_figure(entry["mean_curves"], f"{label}: mean ± std over {len(summary['pairs'])} pairs")
+    for label, entry in alignments.items():
+        figure = band_figure(entry.mean_curves, f"{label}: mean ± std over {len(summary['pairs'])} pairs")
         atomic_write(root / f"summary_{label}.png", lambda p: figure.savefig(p, format="png", dpi=100))
         plt.close(figure)
 
@@ -153,9 +154,9 @@ def log_curves(folder: Path, pairs: dict[tuple[int, int], dict[str, Any]], summa
     shutil.rmtree(folder, ignore_errors=True)  # lmc's own folder: a rerun must not stack copies
     writer = SummaryWriter(str(folder))
     try:
-        for label, entry in summary["alignments"].items():
+        for label, entry in alignments_of(summary).items():
             series = {f"pair_{i}_{j}": pair[label]["curves"] for (i, j), pair in pairs.items()}
-            series["mean"] = {curve: {"points": points} for curve, points in entry["mean_curves"].items()}
+            series["mean"] = {curve: {"points": points} for curve, points in entry.mean_curves.items()}
             for name, curves in series.items():
                 for curve, data in curves.items():
                     for point in data["points"]:
@@ -163,8 +164,8 @@ def log_curves(folder: Path, pairs: dict[tuple[int, int], dict[str, Any]], summa
                             if metric in point:
                                 step = round(1000 * point["alpha"])
                                 writer.add_scalar(f"{label}/{name}/{curve}/{metric}", point[metric], step)
-            for name, stats in entry["barrier_ratio"].items():
-                writer.add_scalar(f"{label}/barrier_ratio/{name}_mean", stats["mean"], 0)
-                writer.add_scalar(f"{label}/barrier_ratio/{name}_std", stats["std"], 0)
+            for name, stats in entry.barrier_ratio.items():
+                writer.add_scalar(f"{label}/barrier_ratio/{name}_mean", stats.mean, 0)
+                writer.add_scalar(f"{label}/barrier_ratio/{name}_std", stats.std, 0)
     finally:
         writer.close()

@@ -12,7 +12,8 @@ from typing import Any
 from lmc.connectivity.interpolation import CLUSTER_SAMPLES
 from lmc.experiments.report.cells import cell, curve_alphas_text
 from lmc.experiments.report.run_summary import ties
-from lmc.experiments.stats.table1 import OrderStats
+from lmc.experiments.stats.summary import alignments_of
+from lmc.experiments.stats.table1 import OrderStats, RefinementSummary
 from lmc.experiments.table1 import REFINEMENT, RESAMPLES, TOLD_APART
 
 #: The matcher variants of Table 1, by their ``lmc run`` labels.
@@ -57,7 +58,8 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
     for family, summary in runs:
         orders = summary["head_orders"]["alignments"].get("full", {})
         loss, acc = (OrderStats.from_json(orders.get(name, {})) for name in ("loss_barrier", "accuracy_barrier"))
-        ratios = {label: summary["alignments"].get(label, {}).get("barrier_ratio", {}) for label in variants}
+        alignments = alignments_of(summary)
+        ratios = {label: alignments[label].barrier_ratio or {} if label in alignments else {} for label in variants}
         pairs = len(summary["pairs"])
         lines.append(
             f"| {family.title} | {pairs} | {summary['head_orders']['orders']} | {cell(loss.rank, of=pairs)} "
@@ -77,7 +79,7 @@ def table1_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         + " | ".join(PAPER_TABLE1[label] for label in variants)
         + " |"
     )
-    grids = curve_alphas_text([{v: s["alignments"][v] for v in variants if v in s["alignments"]} for _, s in runs])
+    grids = curve_alphas_text([{v: e for v, e in alignments_of(s).items() if v in variants} for _, s in runs])
     return lines + accuracy + ([] if not grids else ["", grids]) + ["", *refinement_lines(runs)]
 
 
@@ -96,25 +98,23 @@ def refinement_lines(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
     (:func:`summarize_refinement`), whether a rise or a fall exceeds the noise of the evaluation data."""
     lines = []
     for family, summary in runs:
-        alignments = summary["alignments"]
+        alignments = alignments_of(summary)
         if "orthogonal" not in alignments or "full" not in alignments:
             continue
-        start, refined = alignments["orthogonal"]["per_pair"], alignments["full"]["per_pair"]
+        start, refined = alignments["orthogonal"].per_pair, alignments["full"].per_pair
         raised = [
-            pair
-            for pair in refined
-            if refined[pair]["aligned"]["loss_barrier"] > start[pair]["aligned"]["loss_barrier"]
+            pair for pair in refined if refined[pair].aligned["loss_barrier"] > start[pair].aligned["loss_barrier"]
         ]
         line = (
             f"- {family.title}: the refinement (full) raised the loss barrier of its orthogonal start (Variant 2) "
             f"in {len(raised)} of {len(refined)} pairs" + (f" ({', '.join(raised)})" if raised else "")
         )
-        measured = summary.get(REFINEMENT, {}).get("per_pair", {})
+        measured = RefinementSummary.from_json(summary.get(REFINEMENT, {})).per_pair
         if measured:
             noise = {pair: entry["loss_barrier"] for pair, entry in measured.items()}
-            beyond = [f"{pair} {e['gap']:+.3f} ± {e['gap_std']:.3f} nats" for pair, e in noise.items() if e["raised"]]
+            beyond = [f"{pair} {e.gap:+.3f} ± {e.gap_std:.3f} nats" for pair, e in noise.items() if e.raised]
             draws = f"in at least {TOLD_APART:.1%} of {RESAMPLES} bootstrap draws of the evaluated samples"
-            lowered = f"{sum(e['lowered'] for e in noise.values())} of {len(noise)}"
+            lowered = f"{sum(e.lowered for e in noise.values())} of {len(noise)}"
             if raised or beyond:
                 line += (
                     f", of which {len(beyond)} beyond the evaluation noise (higher {draws}"
@@ -159,20 +159,21 @@ def appendix_k_section(runs: list[tuple[Any, dict[str, Any]]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for family, summary in runs:
+        alignments = alignments_of(summary)
         for label, orders in summary["head_orders"]["alignments"].items():
-            entry = summary["alignments"].get(label)
+            entry = alignments.get(label)
             if not label.startswith("full") or not entry:  # Appendix K: the full method's Stage 1 settings
                 continue
             metric = stage1_settings(label)
             loss, acc = (OrderStats.from_json(orders[name]) for name in ("loss_barrier", "accuracy_barrier"))
             pairs = len(summary["pairs"])
-            ratio = cell(entry["barrier_ratio"]["loss_barrier"], unit=" %", of=pairs)
+            ratio = cell(entry.barrier_ratio["loss_barrier"], unit=" %", of=pairs)
             lines.append(
                 f"| {family.title} | `{metric}` | {cell(loss.rank, of=pairs)} "
                 f"| {cell(loss.rank_within_noise, of=pairs)} | {ties(loss)} | {cell(loss.l_hat, of=pairs)} "
                 f"| {ratio} | {cell(acc.rank, of=pairs)} | {cell(acc.l_hat, of=pairs)} |"
             )
-    metrics = [{label: e for label, e in s["alignments"].items() if label.startswith("full")} for _, s in runs]
+    metrics = [{label: e for label, e in alignments_of(s).items() if label.startswith("full")} for _, s in runs]
     if grids := curve_alphas_text(metrics):
         lines += ["", f"Loss ratios: {grids[0].lower()}{grids[1:]}"]
     return lines

@@ -8,12 +8,14 @@ writes them as ``summary.{json,csv,md}``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lmc.connectivity import BARRIERS
 from lmc.experiments.protocol import Protocol, alignment_labels
-from lmc.experiments.stats.spread import spread
+from lmc.experiments.stats.records import Record, to_json
+from lmc.experiments.stats.spread import Spread, spread
 from lmc.experiments.stats.table1 import summarize_head_orders, summarize_refinement
 from lmc.experiments.table1 import REFINEMENT
 from lmc.matching import AlignOptions
@@ -24,48 +26,99 @@ ROBUSTNESS = "robustness"
 ROBUSTNESS_METRICS = ("accuracy", "loss")
 
 
+@dataclass(frozen=True)
+class PairBarriers(Record):
+    """One pair's barriers of one alignment: its naive and aligned curves' (by name, :data:`~lmc.connectivity.BARRIERS`)
+    and each aligned barrier as % of the naive one (NaN without a naive barrier)."""
+
+    naive: dict[str, float] | None = None
+    aligned: dict[str, float] | None = None
+    barrier_ratio: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Calibration(Record):
+    """What a data-aware alignment's pairs read: their splits and sample counts, each listed once."""
+
+    split: list[str]
+    num_samples: list[int]
+
+
+@dataclass(frozen=True)
+class AlignmentSummary(Record):
+    """One alignment's statistics over a run's pairs (``None``: not in the summary read).
+
+    Attributes:
+        naive: Spread of each naive barrier, by name.
+        aligned: Spread of each aligned barrier, by name.
+        barrier_ratio: Spread of the aligned loss and accuracy barriers as % of the naive ones.
+        no_barrier: Per barrier, the pairs whose naive barrier is below
+            :data:`~lmc.connectivity.NO_BARRIER`, left out of its ratios.
+        per_pair: Each pair's barriers.
+        mean_curves: The naive and aligned curves' points, mean and standard deviation over pairs
+            (``alpha``, ``loss``, ``loss_std``, ``accuracy``, ``accuracy_std``).
+        calibration: What a data-aware alignment read.
+    """
+
+    naive: dict[str, Spread] | None = None
+    aligned: dict[str, Spread] | None = None
+    barrier_ratio: dict[str, Spread] | None = None
+    no_barrier: dict[str, list[str]] | None = None
+    per_pair: dict[str, PairBarriers] | None = None
+    mean_curves: dict[str, list[dict[str, float]]] | None = None
+    calibration: Calibration | None = None
+
+
+def summarize_alignment(results: dict[str, dict[str, Any]]) -> AlignmentSummary:
+    """:class:`AlignmentSummary` of one alignment's results, by pair name (``<i>_<j>``)."""
+    ratios = ("loss_barrier", "accuracy_barrier")
+    calibrations = [r["settings"]["calibration"] for r in results.values() if "calibration" in r.get("settings", {})]
+    return AlignmentSummary(
+        **{
+            curve: {name: Spread.of([r["curves"][curve][name] for r in results.values()]) for name in BARRIERS}
+            for curve in ("naive", "aligned")
+        },
+        barrier_ratio={name: Spread.of([r["barrier_ratio"][name] for r in results.values()]) for name in ratios},
+        no_barrier={
+            name: [pair for pair, r in results.items() if not math.isfinite(r["barrier_ratio"][name])]
+            for name in ratios
+        },
+        per_pair={
+            pair: PairBarriers(
+                naive={name: r["curves"]["naive"][name] for name in BARRIERS},
+                aligned={name: r["curves"]["aligned"][name] for name in BARRIERS},
+                barrier_ratio=r["barrier_ratio"],
+            )
+            for pair, r in results.items()
+        },
+        mean_curves={
+            curve: _mean_curve([r["curves"][curve]["points"] for r in results.values()])
+            for curve in ("naive", "aligned")
+        },
+        calibration=Calibration(  # every pair's split and sample count
+            split=sorted({c["split"] for c in calibrations}),
+            num_samples=sorted({c["num_samples"] for c in calibrations}),
+        )
+        if calibrations
+        else None,
+    )
+
+
+def alignments_of(summary: dict[str, Any]) -> dict[str, AlignmentSummary]:
+    """The alignments of a run's ``summary.json`` (or of :func:`summarize`) as records, by label."""
+    return {label: AlignmentSummary.from_json(entry) for label, entry in summary["alignments"].items()}
+
+
 def summarize(pairs: dict[tuple[int, int], dict[str, Any]], labels: list[str]) -> dict[str, Any]:
-    """Mean and spread over pairs of every barrier and barrier ratio, per alignment, and of each
-    alignment's wall time (``alignment_seconds``: apart from the results, it varies between runs).
-    A data-aware alignment's entry also names the ``calibration`` its pairs read (splits and sample
-    counts, each listed once)."""
+    """Mean and spread over pairs of every barrier and barrier ratio, per alignment
+    (:func:`summarize_alignment`, as ``summary.json`` holds it), and of each alignment's wall time
+    (``alignment_seconds``: apart from the results, it varies between runs)."""
     summary: dict[str, Any] = {"pairs": [f"{i}_{j}" for i, j in pairs], "alignments": {}, "alignment_seconds": {}}
     for label in labels:
-        results = [pair[label] for pair in pairs.values()]
-        entry = {
-            curve: {name: spread([r["curves"][curve][name] for r in results]) for name in BARRIERS}
-            for curve in ("naive", "aligned")
-        }
-        entry["barrier_ratio"] = {
-            name: spread([r["barrier_ratio"][name] for r in results]) for name in ("loss_barrier", "accuracy_barrier")
-        }
-        # The pairs whose naive barrier is below lmc.connectivity.NO_BARRIER, excluded from the ratios by name.
-        entry["no_barrier"] = {
-            name: [
-                f"{i}_{j}" for (i, j), pair in pairs.items() if not math.isfinite(pair[label]["barrier_ratio"][name])
-            ]
-            for name in ("loss_barrier", "accuracy_barrier")
-        }
-        entry["per_pair"] = {
-            f"{i}_{j}": {
-                "naive": {name: pair[label]["curves"]["naive"][name] for name in BARRIERS},
-                "aligned": {name: pair[label]["curves"]["aligned"][name] for name in BARRIERS},
-                "barrier_ratio": pair[label]["barrier_ratio"],
-            }
-            for (i, j), pair in pairs.items()
-        }
-        entry["mean_curves"] = {
-            curve: _mean_curve([r["curves"][curve]["points"] for r in results]) for curve in ("naive", "aligned")
-        }
-        calibrations = [r["settings"]["calibration"] for r in results if "calibration" in r.get("settings", {})]
-        if calibrations:  # what a data-aware alignment read: every pair's split and sample count
-            entry["calibration"] = {
-                "split": sorted({c["split"] for c in calibrations}),
-                "num_samples": sorted({c["num_samples"] for c in calibrations}),
-            }
-        summary["alignments"][label] = entry
+        results = {f"{i}_{j}": pair[label] for (i, j), pair in pairs.items()}
+        summary["alignments"][label] = to_json(summarize_alignment(results))
         # Apart from the results: wall time of the alignment itself (not the sweep) varies between runs.
-        summary["alignment_seconds"][label] = spread([r["alignment"]["seconds"] for r in results])
+        summary["alignment_seconds"][label] = spread([r["alignment"]["seconds"] for r in results.values()])
     return summary
 
 

@@ -164,22 +164,66 @@ def summarize_halves(pairs: list[dict[str, dict[str, float]]]) -> HalvesStats | 
     return HalvesStats(pairs=len(pairs), **scores)
 
 
+@dataclass(frozen=True)
+class RefinementNoise(Record):
+    """How far the refinement moved one barrier of its orthogonal start in one pair (:func:`refinement_noise`)."""
+
+    gap: float
+    gap_std: float
+    raised: bool
+    lowered: bool
+
+
+@dataclass(frozen=True)
+class RefinementCount(Record):
+    """Over pairs, how many the refinement raised (any rise; beyond the noise) or lowered beyond the noise."""
+
+    pairs: int
+    raised: int
+    raised_beyond_noise: int
+    lowered_beyond_noise: int
+
+
+@dataclass(frozen=True)
+class RefinementSummary(Record):
+    """The refinement's gap to its orthogonal start over a run's pairs (``None``: not in the summary read).
+
+    Attributes:
+        resamples: Bootstrap draws behind each pair's noise.
+        told_apart: The share of draws that tells a rise or a fall from the noise.
+        per_pair: Per pair whose clusters were recorded, per barrier, :class:`RefinementNoise`.
+        loss_barrier: The counts of the loss barrier.
+        accuracy_barrier: The counts of the accuracy barrier.
+    """
+
+    resamples: int | None = None
+    told_apart: float | None = None
+    per_pair: dict[str, dict[str, RefinementNoise]] | None = None
+    loss_barrier: RefinementCount | None = None
+    accuracy_barrier: RefinementCount | None = None
+
+
 def summarize_refinement(pairs: dict[str, Path], alphas: list[float]) -> dict[str, Any]:
     """:func:`refinement_noise` of every pair whose clusters were recorded, and per barrier how many
-    pairs the refinement raised (``raised``: any rise; ``raised_beyond_noise``) or lowered beyond the noise.
+    pairs the refinement raised (``raised``: any rise; ``raised_beyond_noise``) or lowered beyond the
+    noise: a :class:`RefinementSummary` as ``summary.json`` holds it.
 
     Args:
         pairs: Pair name (``<i>_<j>``) -> its folder.
         alphas: Alphas both curves of every pair hold (the orthogonal start's).
     """
-    per_pair = {name: noise for name, folder in pairs.items() if (noise := refinement_noise(folder, alphas))}
-    counts = {
-        name: {
-            "pairs": len(per_pair),
-            "raised": sum(entry[name]["gap"] > 0 for entry in per_pair.values()),
-            "raised_beyond_noise": sum(entry[name]["raised"] for entry in per_pair.values()),
-            "lowered_beyond_noise": sum(entry[name]["lowered"] for entry in per_pair.values()),
-        }
-        for name in ("loss_barrier", "accuracy_barrier")
+    per_pair = {
+        name: {barrier: RefinementNoise(**entry) for barrier, entry in noise.items()}
+        for name, folder in pairs.items()
+        if (noise := refinement_noise(folder, alphas))
     }
-    return {"resamples": RESAMPLES, "told_apart": TOLD_APART, "per_pair": per_pair, **counts}
+    counts = {
+        name: RefinementCount(
+            pairs=len(per_pair),
+            raised=sum(entry[name].gap > 0 for entry in per_pair.values()),
+            raised_beyond_noise=sum(entry[name].raised for entry in per_pair.values()),
+            lowered_beyond_noise=sum(entry[name].lowered for entry in per_pair.values()),
+        )
+        for name in BARRIER_NAMES
+    }
+    return to_json(RefinementSummary(RESAMPLES, TOLD_APART, per_pair, **counts))
