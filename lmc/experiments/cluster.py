@@ -201,6 +201,7 @@ SUBMITTED = "submitted.json"
 
 
 def read_submitted(folder: Path) -> dict[str, list]:
+    """The :data:`SUBMITTED` record of a command's folder (job name -> ``[SLURM job id, tasks]``), empty if none."""
     path = folder / SUBMITTED
     return json.loads(path.read_text()) if path.is_file() else {}
 
