@@ -419,15 +419,21 @@ def test_the_held_out_section_tells_the_held_out_pick_apart_only_beyond_the_inte
     from lmc.experiments.report.findings import held_out_section
 
     # Differences' std 3.0 over 10 pairs: the 95 % interval is the mean ± 2.262 * 3.0 / sqrt(10) = ± 2.15.
-    runs = [_stage1_run("A", "a", invariant=(1.0, 9.0, 6.0), **{"metric=weight": (1.0, 5.0, -6.0)}),
-            _stage1_run("B", "b", invariant=(1.0, 9.0, 1.0))]  # fmt: skip
+    runs = [
+        _stage1_run("A", "a", invariant=(1.0, 9.0, 6.0), **{"metric=weight": (1.0, 5.0, -6.0)}),
+        _stage1_run("B", "b", invariant=(1.0, 9.0, 1.0)),
+    ]
     lines = held_out_section(runs)
-    assert "| A | `invariant` | 10 | 9.0 ± 1.0 | 3.0 ± 1.0 | 9.0 ± 1.0 | 3.0 ± 1.0 | 6.0 ± 3.0 [3.9, 8.1] " \
-        "| held-out pick better |" in lines  # fmt: skip
-    assert "| A | `metric=weight` | 10 | 5.0 ± 1.0 | 11.0 ± 1.0 | 5.0 ± 1.0 | 11.0 ± 1.0 | -6.0 ± 3.0 [-8.1, -3.9] " \
-        "| Stage 1 better |" in lines  # fmt: skip
-    assert "| B | `invariant` | 10 | 9.0 ± 1.0 | 8.0 ± 1.0 | 9.0 ± 1.0 | 8.0 ± 1.0 | 1.0 ± 3.0 [-1.1, 3.1] " \
-        "| not told apart |" in lines  # fmt: skip
+    # rank and L_hat on a half, Stage 1's then the held-out pick's (each with the std 1.0 of _stage1_run)
+    pairs = ((9, 3), (5, 11), (9, 8))
+    halves = [f"| {a:.1f} ± 1.0 | {b:.1f} ± 1.0 | {a:.1f} ± 1.0 | {b:.1f} ± 1.0 |" for a, b in pairs]
+    rows = {
+        f"| A | `invariant` | 10 {halves[0]} 6.0 ± 3.0 [3.9, 8.1] ": "held-out pick better",
+        f"| A | `metric=weight` | 10 {halves[1]} -6.0 ± 3.0 [-8.1, -3.9] ": "Stage 1 better",
+        f"| B | `invariant` | 10 {halves[2]} 1.0 ± 3.0 [-1.1, 3.1] ": "not told apart",
+    }
+    for row, better in rows.items():
+        assert f"{row}| {better} |" in lines, row
     assert held_out_section([(runs[0][0], {"head_orders": {"alignments": {}}})]) == []  # nothing measured
 
 
@@ -442,11 +448,11 @@ def test_the_finding_section_gives_each_verdict_its_interval_and_counts_a_settin
         _stage1_run("C", "c", invariant=(1.0, 12.0, 0.0)),  # 12 - 1.43 is over 10 %: missed
     ]
     lines = finding_section(runs, {picked: "b"})
-    assert "| A | `invariant` | before the study | 10 | 3.0 ± 1.0 | 1.0 ± 0.5 [0.6, 1.4] | 5.0 ± 2.0 % [3.6, 6.4] " \
-        "| met |" in lines  # fmt: skip
+    met = "| 3.0 ± 1.0 | 1.0 ± 0.5 [0.6, 1.4] | 5.0 ± 2.0 % [3.6, 6.4] | met |"
+    assert f"| A | `invariant` | before the study | 10 {met}" in lines
     assert f"| A | `{picked}` | B | 10 |" in "\n".join(lines)
-    assert any(line.startswith(f"| B | `{picked}` | B |") and line.endswith("| met (picked here: no evidence) |")
-               for line in lines)  # fmt: skip
+    here = [line for line in lines if line.startswith(f"| B | `{picked}` | B |")]
+    assert len(here) == 1 and here[0].endswith("| met (picked here: no evidence) |")
     assert any(line.startswith("| B | `invariant` |") and line.endswith("| unresolved |") for line in lines)
     assert any(line.startswith("| C | `invariant` |") and line.endswith("| missed |") for line in lines)
     assert (
