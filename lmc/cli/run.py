@@ -18,8 +18,8 @@ def main(argv: list[str]) -> dict[str, Any]:
     from lmc.experiments.jobs import ignore_srun_hint
     from lmc.experiments.progress import Display
     from lmc.experiments.protocol import experiment_cli
+    from lmc.experiments.report.run_summary import summary_table
     from lmc.experiments.run import Experiment
-    from lmc.experiments.summary import summary_table
 
     ignore_srun_hint()
     # Not a config key: a run's recorded configs stay those of the experiment.

@@ -107,6 +107,8 @@ def run(
 
 def print_table(rows: list[dict[str, Any]], root: Path) -> None:
     """The main job's table: naive and aligned barriers, and the aligned/naive loss ratio, mean ± std over pairs."""
+    from lmc.experiments.stats.summary import AlignmentSummary  # imports torch: only once there is a table
+
     print()
     print("Linear mode connectivity after re-initializing the first attention layer (MNIST 5k, validation split)")
     print(f"{rows[0]['pairs']} pairs of fine-tuned seeds per encoding: mean ± std over the pairs")
@@ -114,16 +116,16 @@ def print_table(rows: list[dict[str, Any]], root: Path) -> None:
     print(header)
     print("-" * len(header))
     for row in rows:
-        entry = row["summary"]["alignments"]["full"]
-        ratio = entry["barrier_ratio"]["loss_barrier"]
-        for curve in ("naive", "aligned"):
-            loss, accuracy = entry[curve]["loss_barrier"], entry[curve]["accuracy_barrier"]
-            share = "" if curve == "naive" else f"{ratio['mean']:6.1f} ± {ratio['std']:5.1f}"
+        entry = AlignmentSummary.from_json(row["summary"]["alignments"]["full"])
+        ratio = entry.barrier_ratio["loss_barrier"]
+        for curve, barriers in (("naive", entry.naive), ("aligned", entry.aligned)):
+            loss, accuracy = barriers["loss_barrier"], barriers["accuracy_barrier"]
+            share = "" if curve == "naive" else f"{ratio.mean:6.1f} ± {ratio.std:5.1f}"
             print(
-                f"{row['label']:6s} {curve:8s} {loss['mean']:8.4f} ± {loss['std']:5.3f} "
-                f"{accuracy['mean']:8.4f} ± {accuracy['std']:5.3f} {share:>14s}"
+                f"{row['label']:6s} {curve:8s} {loss.mean:8.4f} ± {loss.std:5.3f} "
+                f"{accuracy.mean:8.4f} ± {accuracy.std:5.3f} {share:>14s}"
             )
-        if excluded := entry["no_barrier"]["loss_barrier"]:
+        if excluded := entry.no_barrier["loss_barrier"]:
             print(f"{row['label']:6s} pairs without a naive loss barrier, left out of the ratio: {', '.join(excluded)}")
     print(f"\nTensorBoard logs: {root}/<PE>/tensorboard   (tensorboard --logdir {root})")
     for row in rows:

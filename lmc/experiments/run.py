@@ -30,11 +30,7 @@ A stage folder made with another configuration is never reused: the run stops an
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import hashlib
-import json
-import logging
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +45,6 @@ from lmc.connectivity import (
     ResultsOutput,
     SweepHooks,
     data_identity,
-    keyed_data_settings,
     sweep_and_write,
     training_calibration,
 )
@@ -57,39 +52,26 @@ from lmc.connectivity.interpolation import evenly_spaced
 from lmc.connectivity.robustness import midpoint_robustness
 from lmc.experiments.jobs import Cluster, Job, run_jobs
 from lmc.experiments.progress import Display, Progress
-from lmc.experiments.protocol import Protocol, RunError, Schedule, alignment_labels, experiment_cli
-from lmc.experiments.summary import (
-    ROBUSTNESS,
-    log_curves,
-    summarize,
-    summarize_robustness,
-    write_summary,
-)
+from lmc.experiments.protocol import Protocol, RunError, alignment_labels, experiment_cli
+from lmc.experiments.report.run_summary import log_curves, write_summary
+from lmc.experiments.stages import Stage, Stages, seed_stage, stage_key, stage_label
+from lmc.experiments.stats.summary import ROBUSTNESS, summarize_run
 from lmc.experiments.table1 import (
     HEAD_ORDER_NOISE,
     HEAD_ORDERS,
-    REFINEMENT,
     head_order_noise,
     head_orders,
     picked_orders,
-    summarize_head_orders,
-    summarize_refinement,
     sweep_head_orders,
 )
-from lmc.io import atomic_write, atomic_write_json, folder_lock
+from lmc.io import atomic_write, folder_lock
 from lmc.matching import AlignmentError, AlignOptions, align
 from lmc.matching.checks import check_head_orders
 from lmc.matching.layers import imposed_order
 from lmc.symmetry import scope_blocks
 from lmc.training.cli import instantiate_data
-from lmc.training.module import LMCModule, check_pretrained, load_trained
+from lmc.training.module import LMCModule
 
-log = logging.getLogger(__name__)
-
-#: Trainer settings that change how a run looks, not what it computes: not part of a stage's key.
-_COSMETIC = {"logger", "enable_progress_bar", "enable_model_summary", "log_every_n_steps", "callbacks"}
-#: Callbacks that ``lmc run`` replaces by its own checkpointing and sweeps.
-_REPLACED_CALLBACKS = ("ModelCheckpoint", "AlignAndInterpolate")
 #: Protocol fields that do not change a pair's curves (the stages' keys stand for the training).
 _NOT_OF_A_PAIR = {"output_dir", "seeds", "pretrained", "pretrain", "finetune", "overwrite"}
 
@@ -103,163 +85,16 @@ def _spread_over(size: int, count: int) -> list[int]:
     return list(range(size)) if count >= size else [k * size // count for k in range(count)]
 
 
-def _key(*parts: object) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _seed_stage(seed: int) -> str:
-    """The name of seed ``seed``'s fine-tuning: its stage folder, its job, its TensorBoard run."""
-    return f"seed{seed}"
-
-
-def _stage_label(job: str) -> str:
-    """How progress names a job of :meth:`Experiment.jobs` (``seed1``: ``fine-tune seed 1``)."""
-    if job.startswith("seed"):
-        return f"fine-tune seed {job.removeprefix('seed')}"
-    if job.startswith("pair"):
-        return f"align and sweep pair {job.removeprefix('pair')}"
-    return "pre-train" if job == "pretrain" else job
-
-
-@dataclass
-class _Stage:
-    """One training run of the protocol: its folder, configuration and upstream."""
-
-    name: str
-    config: Any  # the jsonargparse namespace of this stage
-    key: str
-
-    def folder(self, root: Path) -> Path:
-        return root / self.name
-
-    def checkpoint(self, root: Path) -> Path:
-        return self.folder(root) / "final.ckpt"
-
-
-class Experiment:
-    """Runs :class:`Protocol` for one parsed experiment configuration.
+class Experiment(Stages):
+    """Runs :class:`Protocol` for one parsed experiment configuration: its training stages
+    (:class:`~lmc.experiments.stages.Stages`), the alignments and sweeps of every pair of fine-tuned
+    seeds, then their summary.
 
     Args:
         cli: A LightningCLI (``run=False``) holding the parsed experiment config and its parser.
         protocol: The protocol to run instead of the config's own (``lmc repro`` builds each
             run's); the stages' configs record it, as if it had been given in the config.
     """
-
-    def __init__(self, cli, protocol: Protocol | None = None):
-        self.parser, self.config = cli.parser, cli.config
-        if protocol is not None:
-            self.config = self.parser.parse_object({"protocol": dataclasses.asdict(protocol)}, self.config)
-        self.protocol: Protocol = protocol or cli.config_init.protocol
-        self.cluster: Cluster = cli.config_init.get("cluster") or Cluster()
-        self.root = Path(self.protocol.output_dir)
-
-    # -- stages ------------------------------------------------------------------------------
-
-    def _stage_config(self, name: str, overrides: dict[str, Any], schedule: Schedule):
-        config = copy.deepcopy(self.config)
-        for dotted, value in overrides.items():
-            config[dotted] = value
-        if schedule.max_epochs is not None:
-            config["trainer.max_epochs"] = schedule.max_epochs
-        if schedule.lr is not None:
-            config["model.lr"] = schedule.lr
-        if schedule.samples is not None:
-            if "train_samples" not in config.data.init_args:
-                phase = "pretrain" if name == "pretrain" else "finetune"
-                raise RunError(
-                    f"protocol.{phase}.samples needs a DataModule that takes train_samples, which "
-                    f"{config.data.class_path} does not: add train_samples to its __init__ and pass it to LMCDataModule"
-                )
-            config["data.init_args.train_samples"] = schedule.samples
-        config["trainer.logger"] = {
-            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-            "init_args": {"save_dir": str(self.root / "tensorboard"), "name": name, "version": ""},
-        }
-        callbacks = config.get("trainer.callbacks") or []
-        config["trainer.callbacks"] = [
-            c for c in callbacks if str(c.class_path).rsplit(".", 1)[-1] not in _REPLACED_CALLBACKS
-        ]
-        config["trainer.enable_checkpointing"] = False
-        return config
-
-    def _key_of(self, config, upstream: str) -> str:
-        trainer = {k: v for k, v in config.trainer.as_dict().items() if k not in _COSMETIC}
-        data = config.data.as_dict()
-        if "init_args" in data:
-            data["init_args"] = keyed_data_settings(data["init_args"])
-        return _key(config.model.as_dict(), data, trainer, config.seed_everything, upstream)
-
-    def pretrain_stage(self) -> _Stage:
-        config = self._stage_config(
-            "pretrain", {"model.reinit": None, "data.init_args.part": "A"}, self.protocol.pretrain
-        )
-        return _Stage("pretrain", config, self._key_of(config, ""))
-
-    def finetune_stage(self, seed: int, pretrained: Path, upstream: str) -> _Stage:
-        base_seed = self.config.seed_everything if isinstance(self.config.seed_everything, int) else 0
-        overrides = {
-            "model.reinit": self.protocol.reinit,
-            "model.reinit_seed": seed,
-            "model.pretrained": str(pretrained),
-            "data.init_args.part": "B",
-            # Data order and dropout differ per seed; 100 apart from pre-training's seed.
-            "seed_everything": base_seed + 100 + seed,
-        }
-        name = _seed_stage(seed)
-        config = self._stage_config(name, overrides, self.protocol.finetune)
-        config_for_key = copy.deepcopy(config)
-        config_for_key["model.pretrained"] = None  # the upstream key stands for the checkpoint
-        return _Stage(name, config, self._key_of(config_for_key, upstream))
-
-    def instantiate(self, stage: _Stage):
-        """``(trainer, module, datamodule)`` of a stage, seeded as its config says.
-
-        Parsed anew from the stage's whole config, so the module's saved hyper-parameters are
-        the stage's own (LightningCLI records the config it parsed, not the arguments it got).
-        """
-        cli = experiment_cli(["--config", self.parser.dump(stage.config)], run=False)
-        return cli.trainer, cli.model, cli.datamodule
-
-    def trained(self, stage: _Stage, checkpoint: Path) -> tuple[LMCModule, Any]:
-        """``(module, datamodule)`` of a trained stage: the module built once from ``checkpoint`` (its
-        own architecture and weights, in evaluation mode; no pre-trained weights, no
-        re-initialization), the DataModule from the stage's config alone."""
-        module, _ = load_trained(checkpoint)
-        return module.eval(), instantiate_data(stage.config)
-
-    def _finished(self, stage: _Stage) -> bool:
-        record = stage.folder(self.root) / "stage.json"
-        if not record.is_file():
-            return False
-        saved = json.loads(record.read_text()).get("key")
-        if saved == stage.key and stage.checkpoint(self.root).is_file():
-            return True
-        if saved != stage.key and not self.protocol.overwrite:
-            raise RunError(
-                f"{stage.folder(self.root)} holds a {stage.name} run of another configuration: rerun with "
-                f"--protocol.overwrite true to recompute it (and what depends on it), or choose another "
-                f"--protocol.output_dir"
-            )
-        return False
-
-    def fit(self, stage: _Stage) -> Path:
-        """Train a stage unless its checkpoint of the same configuration exists; returns the checkpoint."""
-        checkpoint = stage.checkpoint(self.root)
-        if self._finished(stage):
-            log.info("%s: finished earlier (%s)", stage.name, checkpoint)
-            return checkpoint
-        trainer, module, datamodule = self.instantiate(stage)
-        if trainer.is_global_zero:
-            (stage.folder(self.root) / "stage.json").unlink(missing_ok=True)
-        trainer.fit(module, datamodule)
-        if not trainer.is_global_zero:  # a DDP rank: takes part in the collective save, rank 0 writes
-            trainer.save_checkpoint(checkpoint, weights_only=True)
-            return checkpoint
-        atomic_write(checkpoint, lambda path: trainer.save_checkpoint(path, weights_only=True))
-        # The ranks it trained on: a DDP fit trains another model than one process (docs/experiments.md).
-        record = {"key": stage.key, "name": stage.name, "world_size": trainer.world_size}
-        atomic_write_json(stage.folder(self.root) / "stage.json", record)
-        return checkpoint
 
     # -- alignment and sweeps ----------------------------------------------------------------
 
@@ -272,7 +107,7 @@ class Experiment:
             data = {**data, "eval_samples": len(dataset), "eval_spacing": "even"}
         return dataset, data
 
-    def sweep_pair(self, stages: list[_Stage], checkpoints: list[Path], i: int, j: int) -> dict[str, Any]:
+    def sweep_pair(self, stages: list[Stage], checkpoints: list[Path], i: int, j: int) -> dict[str, Any]:
         """Align seed ``i`` to seed ``j`` with every listed alignment and sweep both curves."""
         module, datamodule = self.trained(stages[j], checkpoints[j])
         reference = load_weights(module.build_model(), checkpoints[i]).eval()
@@ -349,14 +184,6 @@ class Experiment:
             )
         return results
 
-    def _check_pretrained(self, path: Path) -> None:
-        """Refuse a missing pre-trained checkpoint, or one of another model (:func:`check_pretrained`),
-        before any training."""
-        if not path.is_file():
-            raise RunError(f"protocol.pretrained {path} does not exist: train it or drop the setting")
-        model = self.config.model
-        check_pretrained(path, model.model, model.model_config, "protocol.pretrained")
-
     def check_before_work(self) -> None:
         """Refuse, before any training, every setting that would otherwise fail a later stage: the head
         orders (``protocol.head_orders`` scores every order of the first layer; an alignment's
@@ -376,7 +203,7 @@ class Experiment:
                         imposed_order(order, spec.blocks[index].attention)
                 except AlignmentError as error:
                     raise RunError(f"protocol.alignments ({label}): {error}") from None
-        phases = {"finetune": self._stage_config(_seed_stage(0), {"data.init_args.part": "B"}, protocol.finetune)}
+        phases = {"finetune": self._stage_config(seed_stage(0), {"data.init_args.part": "B"}, protocol.finetune)}
         if protocol.pretrained is None:
             phases["pretrain"] = self.pretrain_stage().config
         for phase, config in phases.items():
@@ -386,25 +213,7 @@ class Experiment:
                 except ValueError as error:
                     raise RunError(f"protocol.{phase}.samples: {error}") from None
 
-    def data_info(self):
-        """What the experiment's data tells its model (``DataInfo``)."""
-        return instantiate_data(self.config).info
-
     # -- the run as jobs ---------------------------------------------------------------------
-
-    def upstream(self) -> tuple[Path, str]:
-        """``(checkpoint, key)`` the fine-tunings start from: ``protocol.pretrained`` or the pre-training's."""
-        if self.protocol.pretrained is None:
-            stage = self.pretrain_stage()
-            return stage.checkpoint(self.root), stage.key
-        pretrained = Path(self.protocol.pretrained)
-        self._check_pretrained(pretrained)
-        return pretrained, _key(str(pretrained.resolve()), pretrained.stat().st_size, pretrained.stat().st_mtime_ns)
-
-    def finetune_stages(self) -> list[_Stage]:
-        """The fine-tuning stage of every seed."""
-        pretrained, upstream = self.upstream()
-        return [self.finetune_stage(seed, pretrained, upstream) for seed in range(self.protocol.seeds)]
 
     def pairs(self) -> list[tuple[int, int]]:
         """Every pair of seeds ``i < j``."""
@@ -413,9 +222,9 @@ class Experiment:
     def _pair_record(self, i: int, j: int) -> Path:
         return self.root / "pairs" / f"{i}_{j}" / "pair.pkl"
 
-    def _pair_key(self, stages: list[_Stage], i: int, j: int) -> str:
+    def _pairstage_key(self, stages: list[Stage], i: int, j: int) -> str:
         protocol = {k: v for k, v in dataclasses.asdict(self.protocol).items() if k not in _NOT_OF_A_PAIR}
-        return _key(stages[i].key, stages[j].key, protocol)
+        return stage_key(stages[i].key, stages[j].key, protocol)
 
     def _pair_outputs(self, i: int, j: int) -> list[Path]:
         """The files a finished pair has written: each alignment's results, its robustness table."""
@@ -423,21 +232,21 @@ class Experiment:
         outputs = [pair / label / "lmc_results.json" for label in alignment_labels(self.protocol.alignment_options)]
         return outputs + ([pair / "robustness.json"] if self.protocol.robustness else [])
 
-    def finished_pair(self, stages: list[_Stage], i: int, j: int) -> dict[str, Any] | None:
+    def finished_pair(self, stages: list[Stage], i: int, j: int) -> dict[str, Any] | None:
         """The results of pair ``(i, j)`` if a job of this configuration finished it and its files are
         all there, else ``None`` (a deleted file makes the pair a job again)."""
         record = self._pair_record(i, j)
         if not record.is_file() or not all(path.is_file() for path in self._pair_outputs(i, j)):
             return None
         saved = pickle.loads(record.read_bytes())
-        return saved["results"] if saved.get("key") == self._pair_key(stages, i, j) else None
+        return saved["results"] if saved.get("key") == self._pairstage_key(stages, i, j) else None
 
     def run_pair(self, i: int, j: int) -> dict[str, Any]:
         """Align and sweep pair ``(i, j)`` of trained seeds and record its results (``pairs/<i>_<j>/pair.pkl``)."""
         stages = self.finetune_stages()
         checkpoints = [stage.checkpoint(self.root) for stage in stages]
         results = self.sweep_pair(stages, checkpoints, i, j)
-        record = pickle.dumps({"key": self._pair_key(stages, i, j), "results": results})
+        record = pickle.dumps({"key": self._pairstage_key(stages, i, j), "results": results})
         atomic_write(self._pair_record(i, j), lambda path: path.write_bytes(record))
         return results
 
@@ -473,11 +282,11 @@ class Experiment:
         stages = None if pending_upstream else self.finetune_stages()
         for seed in range(self.protocol.seeds):
             finished = stages is not None and self._finished(stages[seed])
-            jobs.append(Job(_seed_stage(seed), source.step(_seed_stage(seed)), after, finished=finished, fit=True))
+            jobs.append(Job(seed_stage(seed), source.step(seed_stage(seed)), after, finished=finished, fit=True))
         for i, j in self.pairs():
             finished = stages is not None and self.finished_pair(stages, i, j) is not None
             name = f"pair{i}_{j}"
-            jobs.append(Job(name, source.step(name), (_seed_stage(i), _seed_stage(j)), finished))
+            jobs.append(Job(name, source.step(name), (seed_stage(i), seed_stage(j)), finished))
         return jobs
 
     def run(self, cluster: Cluster | None = None, display: Display | None = None) -> dict[str, Any]:
@@ -496,7 +305,7 @@ class Experiment:
         self._check_fit_tasks(cluster)
         with folder_lock(self.root, "lmc run"):
             jobs = self.jobs()
-            progress = Progress(str(self.root), len(jobs) + 1, self.root, display or Display("plain"), _stage_label)
+            progress = Progress(str(self.root), len(jobs) + 1, self.root, display or Display("plain"), stage_label)
             run_jobs(jobs, cluster, self.root / "jobs", torch.get_num_threads(), progress=progress)
             progress.update(["summarize"], len(jobs))
             summary = self._summarize()
@@ -539,19 +348,8 @@ class Experiment:
         protocol = self.protocol
         stages = self.finetune_stages()
         pairs = {(i, j): self.finished_pair(stages, i, j) for i, j in self.pairs()}
-        labels = alignment_labels(protocol.alignment_options)
-        summary = summarize(pairs, labels)
-        # Measures read from the sweep states rather than the pairs' results, so that a run whose
-        # pairs finished before such a measure existed gets it too.
         folders = {(i, j): self.root / "pairs" / f"{i}_{j}" for i, j in self.pairs()}
-        if protocol.head_orders:
-            summary["head_orders"] = summarize_head_orders(pairs, labels, folders)
-        if {"orthogonal", "full"} <= set(labels):
-            # on the orthogonal start's alphas, which the full method's curve holds
-            orthogonal = protocol.alphas_of(AlignOptions(method="orthogonal"))
-            summary[REFINEMENT] = summarize_refinement({f"{i}_{j}": f for (i, j), f in folders.items()}, orthogonal)
-        if protocol.robustness:
-            summary[ROBUSTNESS] = summarize_robustness(pairs)
+        summary = summarize_run(pairs, folders, protocol)
         datamodule = instantiate_data(stages[0].config)
         summary["protocol"] = {
             "output_dir": str(self.root),

@@ -18,6 +18,8 @@ import yaml
 import lmc.connectivity.results
 import lmc.connectivity.robustness
 import lmc.experiments.run
+import lmc.experiments.stages
+import lmc.experiments.stats.table1
 import lmc.experiments.table1
 from lmc.cli import main
 from lmc.connectivity import BARRIERS, barrier_ratios
@@ -25,9 +27,11 @@ from lmc.connectivity.interpolation import SweepStore, barriers, evenly_spaced
 from lmc.data import Digits
 from lmc.experiments.jobs import run_jobs
 from lmc.experiments.protocol import Protocol, Schedule, alignment_labels, experiment_cli
+from lmc.experiments.report.cells import cell
+from lmc.experiments.report.run_summary import summary_table
 from lmc.experiments.run import Experiment
-from lmc.experiments.spread import cell, spread
-from lmc.experiments.summary import summarize, summary_table
+from lmc.experiments.stats.spread import spread
+from lmc.experiments.stats.summary import summarize
 from lmc.experiments.table1 import rank_and_l_hat
 from lmc.matching import AlignOptions
 from lmc.training.cli import instantiate_data
@@ -219,6 +223,7 @@ def test_a_pair_sweep_builds_each_model_once_from_its_fine_tuned_checkpoint(fini
 
     monkeypatch.setattr(lmc.connectivity.results, "measure_connectivity", measured)
     monkeypatch.setattr(lmc.experiments.run, "experiment_cli", lambda *a, **k: parsed.append(a) or parse(*a, **k))
+    monkeypatch.setattr(lmc.experiments.stages, "experiment_cli", lambda *a, **k: parsed.append(a) or parse(*a, **k))
     monkeypatch.setattr(LMCModule, "reinitialize", lambda self, *a: reinitialized.append(a) or [])
     results = experiment.sweep_pair(stages, checkpoints, 0, 1)
     assert parsed == reinitialized == []
@@ -278,9 +283,9 @@ def test_a_phase_of_fewer_samples_is_another_stage_that_trains_on_that_many(tmp_
     config["model.pretrained"] = None  # the upstream key stands for the checkpoint
     data = config.data.as_dict()
     assert data["init_args"].pop("train_samples") is None
-    trainer = {k: v for k, v in config.trainer.as_dict().items() if k not in lmc.experiments.run._COSMETIC}
+    trainer = {k: v for k, v in config.trainer.as_dict().items() if k not in lmc.experiments.stages.COSMETIC}
     parts = (config.model.as_dict(), trainer, config.seed_everything, pretraining.key)
-    assert seed0["whole"].key == lmc.experiments.run._key(parts[0], data, *parts[1:])
+    assert seed0["whole"].key == lmc.experiments.stages.stage_key(parts[0], data, *parts[1:])
 
 
 def test_samples_of_a_data_module_without_train_samples_are_refused_with_the_fix(tmp_path):
@@ -403,7 +408,7 @@ def test_l_hat_leaves_out_a_pair_without_a_naive_barrier_as_the_ratios_do():
             "curves": {"aligned": curve(1.2, 0.79), "naive": curve(2.0, naive_accuracy)},
         }
         pairs[(i, j)] = {"full": full, "head_orders": {"01": order(0.1, 0.001), "10": order(0.2, 0.01)}}
-    study = lmc.experiments.table1.summarize_head_orders(pairs, ["full"])
+    study = lmc.experiments.stats.table1.summarize_head_orders(pairs, ["full"])
     per_pair = study["alignments"]["full"]["per_pair"]
     # loss: (0.2 - 0.1) / (1.0 - 0.1) in both pairs; accuracy: (0.01 - 0.001) / (0.3 - 0.001) in 0_1 only
     assert [e["loss_barrier"]["l_hat"] for e in per_pair.values()] == [pytest.approx(100 * 0.1 / 0.9)] * 2
@@ -554,7 +559,7 @@ def test_refinement_noise_tells_a_rise_or_a_fall_from_the_evaluation_noise(tmp_p
     _write_aligned_curve(tmp_path / "unrecorded" / "full" / "lmc_sweep_state_0.json", alphas, start, clusters=False)
     assert lmc.experiments.table1.refinement_noise(tmp_path / "unrecorded", alphas) == {}
     folders = {pair: tmp_path / pair for pair in [*refined, "unrecorded"]}
-    summary = lmc.experiments.table1.summarize_refinement(folders, alphas)
+    summary = lmc.experiments.stats.table1.summarize_refinement(folders, alphas)
     assert summary["per_pair"] == noise
     assert summary["loss_barrier"] == {"pairs": 3, "raised": 2, "raised_beyond_noise": 1, "lowered_beyond_noise": 1}
     assert summary["accuracy_barrier"]["raised_beyond_noise"] == 0 and summary["resamples"] == 1000

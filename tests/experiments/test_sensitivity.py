@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from lmc.experiments.sensitivity import sensitivity_section, table1_data
-from lmc.experiments.spread import spread
+from lmc.experiments.report.sensitivity import sensitivity_section, table1_data
+from lmc.experiments.stats.spread import spread
 from lmc.experiments.study import Family
 from lmc.io import atomic_write_json
 

@@ -68,6 +68,7 @@ def test_a_run_parses_its_configs_once_and_is_given_its_protocol_as_an_object(mo
     import lmc.experiments.protocol
     import lmc.experiments.run
     import lmc.experiments.study
+    import lmc.experiments.study_config
 
     study = dataclasses.replace(load_study([STUDY]), output_dir=str(tmp_path))
     parsed, protocols = [], {}
@@ -78,7 +79,7 @@ def test_a_run_parses_its_configs_once_and_is_given_its_protocol_as_an_object(mo
         return real(args, run=run)
 
     monkeypatch.setattr(lmc.experiments.protocol, "experiment_cli", counted)
-    monkeypatch.setattr(lmc.experiments.study, "experiment_cli", counted, raising=False)
+    monkeypatch.setattr(lmc.experiments.study_config, "experiment_cli", counted)
     clusters = []
 
     def run(self, cluster=None):
@@ -371,7 +372,7 @@ def test_the_sensitivity_study_spans_8x_in_fine_tuning_samples_and_length_on_eac
 
 
 def test_table1_has_a_column_only_for_the_variants_run():
-    from lmc.experiments.table1 import table1_section
+    from lmc.experiments.report.table1 import table1_section
 
     stats = {"mean": 2.0, "std": 0.5, "min": 1.0, "max": 3.0, "count": 2}
     entry = {name: stats for name in ("rank", "rank_within_noise", "l_hat")} | {"ties": 1, "noise_pairs": 2}
@@ -396,66 +397,77 @@ def test_table1_has_a_column_only_for_the_variants_run():
     )
 
 
-def test_the_held_out_section_says_why_the_paper_finding_is_missed():
-    from lmc.experiments.table1 import held_out_section
+def _stats(mean: float, std: float, count: int = 10) -> dict:
+    return {"mean": mean, "std": std, "min": mean - std, "max": mean + std, "count": count}
 
-    def stats(mean: float, std: float, count: int = 10) -> dict:
-        return {"mean": mean, "std": std, "min": mean - std, "max": mean + std, "count": count}
 
-    def loss(within: float, l_hat: float, difference: float) -> dict:  # difference's std 6.3: standard error 2.0
-        halves = {score: {"stage1": stats(l_hat, 1.0), "held_out": stats(l_hat - difference, 1.0),
-                          "difference": stats(difference, 6.3)} for score in ("rank", "l_hat")}  # fmt: skip
-        return {"rank_within_noise": stats(within, 1.0), "l_hat": stats(l_hat, 1.0), "halves": {"pairs": 10, **halves}}
+def _stage1_run(title: str, name: str, **settings: tuple[float, float, float]) -> tuple:
+    """A Table 1 run of 10 pairs whose Stage 1 settings (``invariant`` or ``metric=...``) have the given
+    rank within noise, ``L_hat`` and difference from the held-out pick's ``L_hat`` (means; fixed stds)."""
+    orders = {}
+    for setting, (within, l_hat, difference) in settings.items():
+        halves = {score: {"stage1": _stats(l_hat, 1.0), "held_out": _stats(l_hat - difference, 1.0),
+                          "difference": _stats(difference, 3.0)} for score in ("rank", "l_hat")}  # fmt: skip
+        loss = {"rank": _stats(within + 2, 1.0), "rank_within_noise": _stats(within, 0.5), "l_hat": _stats(l_hat, 2.0)}
+        label = "full" if setting == "invariant" else f"full-{setting}"
+        orders[label] = {"loss_barrier": loss | {"halves": {"pairs": 10, **halves}}}
+    pairs = [f"0_{k}" for k in range(1, 11)]
+    return Family(name, title, "configs/study/llama_rope.yaml"), {"pairs": pairs, "head_orders": {"alignments": orders}}
 
-    def run(title: str, invariant: dict, **others: dict) -> tuple:
-        alignments = {"full": invariant} | {f"full-metric={name}": entry for name, entry in others.items()}
-        orders = {label: {"loss_barrier": entry} for label, entry in alignments.items()}
-        return Family("x", title, "configs/study/llama_rope.yaml"), {"head_orders": {"alignments": orders}}
 
+def test_the_held_out_section_tells_the_held_out_pick_apart_only_beyond_the_interval_over_pairs():
+    from lmc.experiments.report.findings import held_out_section
+
+    # Differences' std 3.0 over 10 pairs: the 95 % interval is the mean ± 2.262 * 3.0 / sqrt(10) = ± 2.15.
     runs = [
-        run("A", loss(1.5, 9.0, 1.0), midpoint=loss(2.5, 5.0, 0.0)),  # met; midpoint misses the rank
-        run("B", loss(1.8, 11.0, 4.1), midpoint=loss(1.0, 4.0, 1.0)),  # 4.1 > 2 standard errors of 2.0
-        run("C", loss(2.2, 24.0, 3.9), activation=loss(3.0, 30.0, 9.0)),  # 3.9 within them; held-out 20.1
-        run("D", loss(2.2, 12.0, 3.0)),  # within them, and the held-out pick meets the finding (9.0)
+        _stage1_run("A", "a", invariant=(1.0, 9.0, 6.0), **{"metric=weight": (1.0, 5.0, -6.0)}),
+        _stage1_run("B", "b", invariant=(1.0, 9.0, 1.0)),
     ]
     lines = held_out_section(runs)
-    text = "\n".join(lines)
-    assert "| A | `invariant` | 10 | 9.0 ± 1.0 | 8.0 ± 1.0 | 9.0 ± 1.0 | 8.0 ± 1.0 | 1.0 ± 6.3 | met |" in lines
-    assert "| A | `metric=midpoint` | 10 |" in text and "| B | `invariant` | 10 |" in text
-    assert (
-        "| B | `invariant` | 10 | 11.0 ± 1.0 | 6.9 ± 1.0 | 11.0 ± 1.0 | 6.9 ± 1.0 | 4.1 ± 6.3 | missed: held-out"
-        in text
-    )
-    assert (
-        "- A: the paper's cost (`invariant`) meets the paper's finding; also met by no other Stage 1 setting." in lines
-    )
-    assert (
-        "- B: the paper's cost (`invariant`) misses it, and held-out samples pick better orders (`L_hat` on a half "
-        "+4.1 points from the held-out pick's, standard error 2.0, 10 pairs); met by `metric=midpoint`." in lines
-    )
-    assert (
-        "- C: the paper's cost (`invariant`) misses it, and so does an order picked on held-out samples (20.1 % on a "
-        "half) (`L_hat` on a half +3.9 points from the held-out pick's, standard error 2.0, 10 pairs): the "
-        "evaluation data cannot point to a better order; met by no other Stage 1 setting." in lines
-    )
-    assert (
-        "- D: the paper's cost (`invariant`) misses it, but is not told apart from an order picked on held-out "
-        "samples (`L_hat` on a half +3.0 points from the held-out pick's, standard error 2.0, 10 pairs), which "
-        "leaves 9.0 % on a half; met by no other Stage 1 setting." in lines
-    )
-    assert (
-        "| D | `invariant` | 10 | 12.0 ± 1.0 | 9.0 ± 1.0 | 12.0 ± 1.0 | 9.0 ± 1.0 | 3.0 ± 6.3 | missed, not told"
-        in text
-    )
-    assert (
-        "| C | `metric=activation` | 10 | 30.0 ± 1.0 | 21.0 ± 1.0 | 30.0 ± 1.0 | 21.0 ± 1.0 | 9.0 ± 6.3 | missed:"
-        in text
-    )
+    # rank and L_hat on a half, Stage 1's then the held-out pick's (each with the std 1.0 of _stage1_run)
+    pairs = ((9, 3), (5, 11), (9, 8))
+    halves = [f"| {a:.1f} ± 1.0 | {b:.1f} ± 1.0 | {a:.1f} ± 1.0 | {b:.1f} ± 1.0 |" for a, b in pairs]
+    rows = {
+        f"| A | `invariant` | 10 {halves[0]} 6.0 ± 3.0 [3.9, 8.1] ": "held-out pick better",
+        f"| A | `metric=weight` | 10 {halves[1]} -6.0 ± 3.0 [-8.1, -3.9] ": "Stage 1 better",
+        f"| B | `invariant` | 10 {halves[2]} 1.0 ± 3.0 [-1.1, 3.1] ": "not told apart",
+    }
+    for row, better in rows.items():
+        assert f"{row}| {better} |" in lines, row
     assert held_out_section([(runs[0][0], {"head_orders": {"alignments": {}}})]) == []  # nothing measured
 
 
+def test_the_finding_section_gives_each_verdict_its_interval_and_counts_a_setting_only_off_its_family():
+    from lmc.experiments.report.findings import finding_section
+
+    # L_hat's std 2.0 over 10 pairs: the interval is the mean ± 1.43; rank within noise's 0.5: ± 0.36.
+    picked = "metric=midpoint-calibration_batches=all"
+    runs = [
+        _stage1_run("A", "a", invariant=(1.0, 5.0, 0.0), **{picked: (1.0, 5.0, 0.0)}),  # met, both
+        _stage1_run("B", "b", invariant=(1.0, 9.0, 0.0), **{picked: (1.0, 5.0, 0.0)}),  # 9 + 1.43 holds 10 %
+        _stage1_run("C", "c", invariant=(1.0, 12.0, 0.0)),  # 12 - 1.43 is over 10 %: missed
+    ]
+    lines = finding_section(runs, {picked: "b"})
+    met = "| 3.0 ± 1.0 | 1.0 ± 0.5 [0.6, 1.4] | 5.0 ± 2.0 % [3.6, 6.4] | met |"
+    assert f"| A | `invariant` | before the study | 10 {met}" in lines
+    assert f"| A | `{picked}` | B | 10 |" in "\n".join(lines)
+    here = [line for line in lines if line.startswith(f"| B | `{picked}` | B |")]
+    assert len(here) == 1 and here[0].endswith("| met (picked here: no evidence) |")
+    assert any(line.startswith("| B | `invariant` |") and line.endswith("| unresolved |") for line in lines)
+    assert any(line.startswith("| C | `invariant` |") and line.endswith("| missed |") for line in lines)
+    assert (
+        "- A: the paper's cost (`invariant`) met (raw rank 3.0 ± 1.0, within noise 1.0 ± 0.5 [0.6, 1.4]); against "
+        f"the held-out pick: not told apart; met by `{picked}`." in lines
+    )
+    assert (
+        "- B: the paper's cost (`invariant`) unresolved (raw rank 3.0 ± 1.0, within noise 1.0 ± 0.5 [0.6, 1.4]); "
+        f"against the held-out pick: not told apart; met by no other Stage 1 setting (also by `{picked}`, picked "
+        "on B: no evidence here)." in lines
+    )
+
+
 def test_the_refinement_line_weighs_each_rise_against_the_evaluation_noise():
-    from lmc.experiments.table1 import refinement_lines
+    from lmc.experiments.report.table1 import refinement_lines
 
     def alignment(loss_barriers: dict[str, float]) -> dict:
         return {"per_pair": {pair: {"aligned": {"loss_barrier": b}} for pair, b in loss_barriers.items()}}

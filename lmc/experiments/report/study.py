@@ -14,18 +14,15 @@ from typing import Any
 
 from lmc.configs import spelled
 from lmc.connectivity import NO_BARRIER
-from lmc.experiments.sensitivity import TABLE1_DATA, sensitivity_section, table1_data
-from lmc.experiments.spread import cell, curve_alphas_text
-from lmc.experiments.summary import ROBUSTNESS, no_barrier_lines, robustness_table
-from lmc.experiments.table1 import appendix_k_section, held_out_section, table1_section
+from lmc.experiments.report.cells import cell, curve_alphas_text
+from lmc.experiments.report.findings import findings_sections
+from lmc.experiments.report.run_summary import no_barrier_lines, robustness_table
+from lmc.experiments.report.sensitivity import TABLE1_DATA, sensitivity_section, table1_data
+from lmc.experiments.report.table1 import appendix_k_section, table1_section
+from lmc.experiments.stats.summary import ROBUSTNESS, AlignmentSummary, alignments_of
+from lmc.experiments.study_config import FIRST_LAYER_INPUTS, MACHINE, TIMES, recorded
 from lmc.io import atomic_write, atomic_write_json, atomic_write_text, nan_for_null
 
-#: Per family: ``lmc.experiments.study.first_layer_inputs`` of its first strategy's seed 0.
-FIRST_LAYER_INPUTS = "first_layer_inputs.json"
-#: The processor and library of the study's last run (``lmc.experiments.study.machine``).
-MACHINE = "machine.json"
-#: Each task's wall time in seconds (``lmc.experiments.study.run_study``).
-TIMES = "times.json"
 PAPER_STRATEGIES = {
     "first_attention": "LMC after alignment",
     "all_attention": "LMC after alignment",
@@ -90,19 +87,17 @@ def _strategies(study, summaries) -> list[str]:
     excluded = []
     for family, strategy, summary in _runs(study, summaries):
         if "full" in summary["alignments"]:
-            entry, pairs = summary["alignments"]["full"], len(summary["pairs"])
-            below = sum(
-                pair["aligned"]["loss_barrier"] < pair["naive"]["loss_barrier"] for pair in entry["per_pair"].values()
-            )
-            ends = entry["mean_curves"]["naive"]
+            entry, pairs = AlignmentSummary.from_json(summary["alignments"]["full"]), len(summary["pairs"])
+            below = sum(pair.aligned["loss_barrier"] < pair.naive["loss_barrier"] for pair in entry.per_pair.values())
+            ends = entry.mean_curves["naive"]
             lines.append(
                 f"| {family.title} | {strategy} | {pairs} "
                 f"| {ends[0]['accuracy']:.3f}, {ends[-1]['accuracy']:.3f} "
-                f"| {cell(entry['naive']['loss_barrier'], 3)} | {cell(entry['aligned']['loss_barrier'], 3)} "
-                f"| {cell(entry['barrier_ratio']['loss_barrier'], unit=' %', of=pairs)} "
-                f"| {cell(entry['naive']['accuracy_barrier'], 3)} | {cell(entry['aligned']['accuracy_barrier'], 3)} "
-                f"| {cell(entry['barrier_ratio']['accuracy_barrier'], unit=' %', of=pairs)} "
-                f"| {below}/{len(entry['per_pair'])} | {PAPER_STRATEGIES[strategy]} |"
+                f"| {cell(entry.naive['loss_barrier'], 3)} | {cell(entry.aligned['loss_barrier'], 3)} "
+                f"| {cell(entry.barrier_ratio['loss_barrier'], unit=' %', of=pairs)} "
+                f"| {cell(entry.naive['accuracy_barrier'], 3)} | {cell(entry.aligned['accuracy_barrier'], 3)} "
+                f"| {cell(entry.barrier_ratio['accuracy_barrier'], unit=' %', of=pairs)} "
+                f"| {below}/{len(entry.per_pair)} | {PAPER_STRATEGIES[strategy]} |"
             )
             excluded += no_barrier_lines(entry, f"{family.title}, {strategy}: ")
     return lines + ([""] + excluded if excluded else [])
@@ -152,18 +147,18 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
     reached = rows = 0
     grids = []  # runs whose methods' curves have fewer alphas than the full method's (protocol.alignment_alphas)
     for family, strategy, summary in _runs(study, summaries, study.methods_strategies):
-        alignments = summary["alignments"]
+        alignments = alignments_of(summary)
         if not all(label in alignments for label in labels):
             continue
         if grid := curve_alphas_text([{label: alignments[label] for label in labels}]):
             grids.append(f"- {family.title}, {strategy}: {grid[0].lower()}{grid[1:]}")
-        ratios = {label: alignments[label]["barrier_ratio"]["loss_barrier"] for label in labels}
-        naive, pairs = alignments["full"]["naive"]["loss_barrier"], len(summary["pairs"])
+        ratios = {label: alignments[label].barrier_ratio["loss_barrier"] for label in labels}
+        naive, pairs = alignments["full"].naive["loss_barrier"], len(summary["pairs"])
         cells = [cell(ratios[label], of=pairs) for label in labels]
-        if ratios["full"]["count"] == 0:  # no pair has a barrier to remove: no method is best
+        if ratios["full"].count == 0:  # no pair has a barrier to remove: no method is best
             best = None
         else:
-            best = min(labels, key=lambda label: ratios[label]["mean"])
+            best = min(labels, key=lambda label: ratios[label].mean)
             cells = [f"**{c}**" if label == best else c for label, c in zip(labels, cells)]
         lines.append(
             f"| {family.title} | {strategy} | {len(summary['pairs'])} | {_calibration(alignments)} "
@@ -175,7 +170,7 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
         )
         if best:
             rows += 1
-            reached += ratios[best]["mean"] <= METHODS_TARGET
+            reached += ratios[best].mean <= METHODS_TARGET
     lines += [
         "",
         f"The best method is at or below {METHODS_TARGET:g} % in {reached} of the {rows} runs with a naive "
@@ -184,13 +179,13 @@ def _methods(study, summaries) -> tuple[list[str], list[str]]:
     return lines + ([""] + grids if grids else []), times
 
 
-def _calibration(alignments: dict[str, Any]) -> str:
+def _calibration(alignments: dict[str, AlignmentSummary]) -> str:
     """The split and sample counts the data-aware alignments of a run read, e.g. ``train, 256 samples``."""
     splits, samples = set(), set()
     for entry in alignments.values():
-        if calibration := entry.get("calibration"):
-            splits.update(calibration["split"])
-            samples.update(calibration["num_samples"])
+        if entry.calibration is not None:
+            splits.update(entry.calibration.split)
+            samples.update(entry.calibration.num_samples)
     if not splits:
         return "n/a"
     return f"{'/'.join(sorted(splits))}, {'/'.join(str(n) for n in sorted(samples))} samples"
@@ -248,18 +243,18 @@ def _first_layer_inputs(study, summaries) -> list[str]:
         shares = " | ".join(f"{100 * inputs['visible'][name]:.1f} %" for name in ("query", "key", "value"))
         lines.append(f"| {family.title} | {inputs['width']} | {inputs['rank']} | {shares} |")
         summary = summaries.get(family.name, {}).get("first_attention")
-        if summary and "full" in summary["alignments"]:
-            entry, pairs = summary["alignments"]["full"], len(summary["pairs"])
-            ratio = entry["barrier_ratio"]["loss_barrier"]
+        alignments = alignments_of(summary) if summary else {}
+        if "full" in alignments:
+            ratio, pairs = alignments["full"].barrier_ratio["loss_barrier"], len(summary["pairs"])
             where = (
                 "no pair has a naive barrier to remove: not comparable with the paper's 7-12 %"
-                if ratio["count"] == 0
-                else f"{_position(ratio['mean'], 7, 12)} the paper's 7-12 %"
+                if ratio.count == 0
+                else f"{_position(ratio.mean, 7, 12)} the paper's 7-12 %"
             )
             others = [
-                f"`{label}` {cell(summary['alignments'][label]['barrier_ratio']['loss_barrier'], unit=' %', of=pairs)}"
+                f"`{label}` {cell(alignments[label].barrier_ratio['loss_barrier'], unit=' %', of=pairs)}"
                 for label in study.method_labels[1:]
-                if label in summary["alignments"]
+                if label in alignments
             ]
             comparisons.append(
                 f"- {family.title}: inputs span {inputs['rank']} of {inputs['width']} dimensions; the full "
@@ -269,7 +264,8 @@ def _first_layer_inputs(study, summaries) -> list[str]:
     flat = [
         f"{family.title} {strategy} ({len(pairs)} of {len(summary['pairs'])} pairs)"
         for family, strategy, summary in _runs(study, summaries)
-        if "full" in summary["alignments"] and (pairs := summary["alignments"]["full"]["no_barrier"]["loss_barrier"])
+        if "full" in summary["alignments"]
+        and (pairs := AlignmentSummary.from_json(summary["alignments"]["full"]).no_barrier["loss_barrier"])
     ]
     if flat:
         comparisons.append(
@@ -302,7 +298,7 @@ def _figure(family, strategies: dict[str, dict[str, Any]], path: Path) -> None:
     figure, axes = plt.subplots(1, len(strategies), figsize=(3.2 * len(strategies), 2.8), squeeze=False)
     for axis, (strategy, summary) in zip(axes[0], strategies.items()):
         for curve, color in (("naive", "tab:red"), ("aligned", "tab:blue")):
-            points = summary["alignments"]["full"]["mean_curves"][curve]
+            points = AlignmentSummary.from_json(summary["alignments"]["full"]).mean_curves[curve]
             alphas = [p["alpha"] for p in points]
             mean = [p["loss"] for p in points]
             std = [p["loss_std"] for p in points]
@@ -369,15 +365,13 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
             table1_runs, sources, recorded(study.output_dir, MACHINE), recorded(study.output_dir, TIMES) or {}
         )
         atomic_write_json(figures / TABLE1_DATA, data)
-    held_out = held_out_section(table1_runs)
     lines += [
         "",
         *table1_section(table1_runs),
         "",
         *appendix_k_section(table1_runs),
         "",
-        *held_out,
-        *([""] if held_out else []),
+        *findings_sections(table1_runs, study.stage1_picked_on),
         *_strategies(study, summaries),
     ]
     # Another study's points, or this one's where its families share pre-trainings (the sensitivity study).
@@ -400,9 +394,3 @@ def write_report(study, sources: list[str]) -> dict[str, Any]:
             lines += [f"![{family.title}]({figures.name}/{path.name})", ""]
     atomic_write_text(report, "\n".join(lines).rstrip() + "\n")
     return {"summaries": summaries}
-
-
-def recorded(output_dir: str | Path, name: str) -> dict[str, Any] | None:
-    """A JSON record of a study's output folder (:data:`MACHINE`, :data:`TIMES`), if written."""
-    path = Path(output_dir) / name
-    return json.loads(path.read_text()) if path.is_file() else None

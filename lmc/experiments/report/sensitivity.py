@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from lmc.configs import spelled
-from lmc.experiments.spread import cell
-from lmc.experiments.table1 import ties
+from lmc.experiments.report.cells import cell
+from lmc.experiments.report.run_summary import ties
+from lmc.experiments.stats.records import to_json
+from lmc.experiments.stats.summary import alignments_of
+from lmc.experiments.stats.table1 import OrderStats
 from lmc.io import nan_for_null
 
 #: The file of :func:`table1_data` in a report's figures folder.
@@ -45,12 +48,12 @@ def table1_data(
     """
     families = []
     for family, summary in runs:
-        protocol, alignments = summary["protocol"], summary["alignments"]
+        protocol, alignments = summary["protocol"], alignments_of(summary)
         if "full" not in summary["head_orders"]["alignments"]:  # a protocol without the full method
             continue
         full = alignments["full"]
-        curve = full["mean_curves"]["naive"]
-        stage1 = summary["head_orders"]["alignments"]["full"]["loss_barrier"]
+        curve = full.mean_curves["naive"]
+        stage1 = OrderStats.from_json(summary["head_orders"]["alignments"]["full"]["loss_barrier"])
         families.append(
             {
                 "name": family.name,
@@ -61,14 +64,15 @@ def table1_data(
                 "pairs": len(summary["pairs"]),
                 "orders": summary["head_orders"]["orders"],
                 "end_points": [curve[0]["accuracy"], curve[-1]["accuracy"]],
-                "naive_loss_barrier": full["naive"]["loss_barrier"],
+                "naive_loss_barrier": to_json(full.naive["loss_barrier"]),
                 "ratios": {
-                    label: alignments[label]["barrier_ratio"]["loss_barrier"]
+                    label: to_json(alignments[label].barrier_ratio["loss_barrier"])
                     for label in _VARIANTS
                     if label in alignments
                 },
                 "stage1": {
-                    key: stage1.get(key) for key in ("rank", "rank_within_noise", "l_hat", "ties", "noise_pairs")
+                    key: to_json(getattr(stage1, key))
+                    for key in ("rank", "rank_within_noise", "l_hat", "ties", "noise_pairs")
                 },
             }
         )
@@ -151,12 +155,12 @@ def _points_table(axis: str, key: str, points: list[dict[str, Any]]) -> list[str
         "|---|---|---|---|" + "---|" * len(_VARIANTS) + "---|---|---|---|",
     ]
     for point in points:
-        pairs, stage1 = point["pairs"], point["stage1"]
+        pairs, stage1 = point["pairs"], OrderStats.from_json(point["stage1"])
         ratios = " | ".join(cell(point["ratios"].get(label), unit=" %", of=pairs) for label in _VARIANTS)
         lines.append(
             f"| {point[key]:,} | {pairs} | {point['end_points'][0]:.3f}, {point['end_points'][1]:.3f} "
-            f"| {cell(point['naive_loss_barrier'], 3)} | {ratios} | {cell(stage1['rank'], of=pairs)} "
-            f"| {cell(stage1['rank_within_noise'], of=pairs)} | {ties(stage1)} | {cell(stage1['l_hat'], of=pairs)} |"
+            f"| {cell(point['naive_loss_barrier'], 3)} | {ratios} | {cell(stage1.rank, of=pairs)} "
+            f"| {cell(stage1.rank_within_noise, of=pairs)} | {ties(stage1)} | {cell(stage1.l_hat, of=pairs)} |"
         )
     return lines
 
