@@ -134,7 +134,7 @@ def machine() -> dict[str, Any]:
 
     Another processor makes torch pick other floating-point kernels (MKL's code path, ATen's vector
     width), whose rounding training turns into other models: the same seeds then give other numbers
-    (``benchmarks/results/reproducibility.md``).
+    (``benchmarks/reproduction/results/reproducibility.md``).
     """
     import platform
 

@@ -324,7 +324,8 @@ def _machine(study) -> str:
     return (
         f" Computed on {machine['processor']} ({machine['kernels']} kernels, torch {machine['torch']}): another "
         "processor picks other floating-point kernels and, from the same seeds, trains other models: its numbers "
-        "differ, most within their spread over pairs (`benchmarks/results/reproducibility.md` compares two)."
+        "differ, most within their spread over pairs "
+        "(`benchmarks/reproduction/results/reproducibility.md` compares two)."
     )
 
 
