@@ -15,23 +15,12 @@ from lmc.matching import AlignOptions, align, equivalent
 from lmc.matching.scales import best_scales
 from lmc.symmetry import ModelTransform, UnitScales, sample_transform, scale_units
 from lmc.symmetry.spec import FeedForwardSpec
-from tests.architectures import ARCHITECTURES, FLOAT64_RTOL, build, float64_norms, relative_difference
+from tests.architectures import ARCHITECTURES, DECODERS, FLOAT64_RTOL, build, float64_norms, relative_difference
 from tests.matching.test_signs import RECOVERED
 from tests.symmetry.test_folds import BROKEN, outputs
 
-# The families whose FFN units scale: gated FFNs without a norm over their units.
-EXPECTED_GATED = {
-    "ref-lm-rope-half-gqa-swiglu-rms-nobias",
-    "llama-gqa",
-    "mistral-swa",
-    "qwen2-gqa",
-    "qwen3-gqa",
-    "olmo2-gqa",
-    "gemma-gqa",
-    "gemma2-capped",
-    "phi3-partial",
-    "timm-eva02",
-}
+# The families whose FFN units scale: gated FFNs without a norm over their units (every decoder with RMSNorms).
+EXPECTED_GATED = {*DECODERS, "ref-lm-rope-half-gqa-swiglu-rms-nobias", "timm-eva02"}
 SCALED = AlignOptions(unit_scales=True)
 
 
