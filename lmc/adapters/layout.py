@@ -9,7 +9,8 @@ from torch import nn
 
 from lmc.adapters.base import UnsupportedModelError
 from lmc.symmetry.folds import NormFold, Reader
-from lmc.symmetry.spec import AttentionSpec, AxisPermutation, FeedForwardSpec, HeadSlot, RotaryLayout, UnitScales
+from lmc.symmetry.scales import UnitScales
+from lmc.symmetry.spec import AttentionSpec, AxisPermutation, FeedForwardSpec, HeadSlot, RotaryLayout
 
 Axes = list[tuple[str, int]]
 

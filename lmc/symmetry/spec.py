@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: the CLI's help re
     import torch
 
     from lmc.symmetry.folds import NormFold
+    from lmc.symmetry.scales import UnitScales
 
 PositionalEncoding = Literal["none", "absolute", "rope"]
 RopeLayout = Literal["half", "interleaved", "axial"]
@@ -288,29 +289,6 @@ class FixedAxes:
 
     reason: FixedReason
     axes: tuple[tuple[str, int], ...]
-
-
-UnitScaleGroup = Literal["nonzero", "positive"]
-"""The scales of an FFN's hidden units (docs/spec.md, section 2, "FFN unit scales"): any non-zero number (a gated
-unit's value branch, ``act(x w_g) (a x w_u) (w_d / a)``) or a positive one (a positively homogeneous activation)."""
-
-
-@dataclass(frozen=True)
-class UnitScales:
-    """Per-unit scales of an FFN: unit ``i``'s entries on :attr:`scaled` times ``a_i``, on :attr:`inverse` over it.
-
-    Attributes:
-        group: Which scales keep the function (:data:`UnitScaleGroup`).
-        scaled: ``(parameter name, axis)`` pairs multiplied by ``a`` (the value branch's rows and bias).
-        inverse: ``(parameter name, axis)`` pairs divided by ``a`` (the down projection's columns).
-        copies: ``((parameter name, axis), copy)`` for a stacked axis of :attr:`scaled` (a fused
-            ``[gate | up]``) whose one copy ``copy`` scales; the others keep their entries.
-    """
-
-    group: UnitScaleGroup
-    scaled: tuple[tuple[str, int], ...]
-    inverse: tuple[tuple[str, int], ...]
-    copies: tuple[tuple[tuple[str, int], int], ...] = ()
 
 
 @dataclass(frozen=True)

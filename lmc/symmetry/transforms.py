@@ -20,15 +20,8 @@ import torch
 
 from lmc.symmetry.groups import QKGroup, TiedGroup, general_linear, rotary_commutant, sign_flips
 from lmc.symmetry.rotations import residual_group, rotate_axes, sample_rotation
-from lmc.symmetry.spec import (
-    AttentionSpec,
-    AxisPermutation,
-    FeedForwardSpec,
-    Scope,
-    SymmetrySpec,
-    UnitScales,
-    scope_blocks,
-)
+from lmc.symmetry.scales import sample_scales, scale_units
+from lmc.symmetry.spec import AttentionSpec, AxisPermutation, Scope, SymmetrySpec, scope_blocks
 from lmc.symmetry.weights import AttentionWeights, read_attention, write_attention
 
 
@@ -187,47 +180,6 @@ def permute_axes(
             factor = permutation.sign_vector((name, axis), parameter.shape[axis], signs)
             moved.mul_(factor.to(device=parameter.device, dtype=parameter.dtype).view(shape))
         parameter.copy_(moved)
-
-
-@torch.no_grad()
-def scale_units(
-    parameters: Mapping[str, torch.Tensor], feed_forward: FeedForwardSpec, factors: torch.Tensor, partial: bool = False
-) -> None:
-    """Multiply each unit's entries on the FFN's scaled axes by ``factors`` ``(size,)`` and those on its inverse
-    axes by ``1 / factors``, in place (with ``partial``, the tensors present), computed in float64 and stored in
-    each parameter's dtype (docs/spec.md, section 2, "FFN unit scales")."""
-    hidden, scales = feed_forward.hidden, feed_forward.scales
-    if scales is None:
-        raise ValueError(f"{hidden.name}: these units have no scale that keeps the function")
-    if factors.shape != (hidden.size,):
-        raise ValueError(f"{hidden.name}: the scales must have shape ({hidden.size},), got {tuple(factors.shape)}")
-    copies = dict(scales.copies)
-    for axes, power in ((scales.scaled, 1.0), (scales.inverse, -1.0)):
-        for name, axis in axes:
-            if partial and name not in parameters:
-                continue
-            parameter = parameters[name]
-            length = parameter.shape[axis]
-            start, stop = hidden.span((name, axis), length)
-            factor = torch.ones(length, dtype=torch.float64)
-            chosen = factors.double().cpu().pow(power)
-            if (name, axis) in copies:
-                first = start + copies[(name, axis)] * hidden.size
-                factor[first : first + hidden.size] = chosen
-            else:
-                factor[start:stop] = chosen.repeat((stop - start) // hidden.size)
-            shape = [1] * parameter.dim()
-            shape[axis] = -1
-            parameter.copy_((parameter.double() * factor.to(parameter.device).view(shape)).to(parameter.dtype))
-
-
-def sample_scales(scales: UnitScales, size: int, generator: torch.Generator) -> torch.Tensor:
-    """Random scales ``(size,)`` (float64) of the group: magnitudes ``exp(u)``, ``u`` uniform in ``[-1, 1]``, with
-    random signs where the group allows them."""
-    magnitude = torch.exp(2 * torch.rand(size, generator=generator, dtype=torch.float64) - 1)
-    if scales.group == "positive":
-        return magnitude
-    return magnitude * (1.0 - 2.0 * torch.randint(2, (size,), generator=generator).double())
 
 
 def sample_signs(permutation: AxisPermutation, generator: torch.Generator) -> torch.Tensor | None:
