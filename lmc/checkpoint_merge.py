@@ -8,6 +8,7 @@ average and a ``report.json`` in the inputs' own format, all or nothing (:func:`
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,8 +185,6 @@ def _loaded(detected: list[Checkpoint], scope: Scope | None, options: AlignOptio
 @torch.no_grad()
 def _weighted_average(models: Sequence[nn.Module], weights: Sequence[float]) -> nn.Module:
     """A copy of ``models[0]`` whose parameters are ``sum_i w_i`` those of ``models[i]`` (in the compute dtype)."""
-    import copy
-
     merged = copy.deepcopy(models[0])
     others = [dict(model.named_parameters()) for model in models]
     for name, parameter in merged.named_parameters():

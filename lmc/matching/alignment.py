@@ -151,14 +151,9 @@ def group_spec(spec: SymmetrySpec, options: AlignOptions) -> SymmetrySpec:
 
 def target_frame(target: nn.Module, report: AlignmentReport) -> nn.Module:
     """The target in the frame ``report``'s aligned model was brought to: ``target`` itself, or with
-    ``residual="orthogonal"`` a copy with the same norms folded (the same function), which the merges and the
+    ``residual="orthogonal"`` a copy folded as :func:`align` folded it (the same function), which the merges and the
     aligned interpolation then start from."""
-    if report.folded is None:
-        return target
-    copied = copy.deepcopy(target)
-    parameters = dict(copied.named_parameters())
-    fold_parameters_(parameters, tuple(fold for fold in model_spec(target).folds if fold.norm in report.folded))
-    return copied
+    return target if report.folded is None else folded(target, model_spec(target))[0]
 
 
 def folded(model: nn.Module, spec: SymmetrySpec) -> tuple[nn.Module, list[str]]:
